@@ -1,0 +1,1 @@
+"""Built-in back ends: cpu, vta, tpu, cuda_tensorcore. None imports another."""

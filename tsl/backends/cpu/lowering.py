@@ -1,0 +1,91 @@
+"""How the shared schedule's steps become s_tir calls on an LLVM CPU."""
+
+from __future__ import annotations
+
+from ...errors import LoweringError
+from ...lower import LowerContext, Lowering
+from ...primitives.layout import Blocked
+from ...primitives.schedule import Loop
+from . import intrinsics
+
+
+class CPULowering(Lowering):
+    def __init__(self, machine, primitive):
+        super().__init__(machine)
+        self.primitive = primitive
+        self.a_dtype = "uint8" if primitive is not None and primitive.a_dtype == "uint8" else None
+        self.how = intrinsics.LOWERING.get(primitive.name) if primitive is not None else None
+
+    def layout(self, ctx: LowerContext, operand: str, layout: str) -> Blocked | None:
+        """B (weights) in blocks of the register tile's width, and of the primitive's k when
+        it reduces several elements (VNNI's 4); A in channel blocks for a k > 1 primitive."""
+        op, p = ctx.op, self.primitive
+        t = op.input(operand)
+        nd = len(t.shape)
+        if op.name == "conv2d":
+            nchw = op.params["layout"] == "NCHW"
+            if operand == "A":
+                if p.k == 1 or not nchw:
+                    return None
+                # N, C, H, W -> N, C/k, H, W, k: the primitive reads k contiguous channels.
+                return Blocked({1: p.k}, ((0, "o"), (1, "o"), (2, "o"), (3, "o"), (1, "i")))
+            kd, cd = (0, 1) if nchw else (3, 2)
+            spatial = (2, 3) if nchw else (0, 1)
+            blocks = {kd: p.n} | ({cd: p.k} if p.k > 1 else {})
+            inner = ((kd, "i"),) + (((cd, "i"),) if p.k > 1 else ())
+            return Blocked(blocks, ((kd, "o"), (cd, "o")) + tuple((d, "o") for d in spatial)
+                           + inner)
+        if operand != "B":
+            return None
+        nb = ctx.tsl.knob_values.get("n_inner", 1) * p.n if p.k == 1 else p.n
+        b = nd - 3
+        kd, nd_ = (nd - 1, nd - 2) if op.params["transpose_b"] else (nd - 2, nd - 1)
+        blocks = {nd_: nb} | ({kd: p.k} if p.k > 1 else {})
+        batch = tuple((d, "o") for d in range(b + 1)) if nd == 3 else ()
+        inner = ((nd_, "i"),) + (((kd, "i"),) if p.k > 1 else ())
+        return Blocked(blocks, batch + ((nd_, "o"), (kd, "o")) + inner)
+
+    def scope(self, level) -> str | None:
+        return "global" if level.managed else None
+
+    def tensorize(self, ctx: LowerContext, loop: Loop, prim) -> None:
+        """Unroll the register tile, map the primitive (a TensorIntrin, or the n-loop vectorized
+        into FMAs) and zero the accumulator once per tile, outside the reduction."""
+        if self.how is None:
+            raise LoweringError(f"the CPU back end has no lowering for primitive {prim.name}; "
+                                f"known: {sorted(intrinsics.LOWERING)}")
+        sch, s = ctx.sch, ctx.tsl
+        order = s.loops
+        t = order.index(loop)
+        k_outer = next(lp for lp in order if s.role_of(lp.axes[0]) == "k")
+        last_k = max(i for i, lp in enumerate(order[:t]) if s.role_of(lp.axes[0]) == "k")
+        for lp in order[last_k + 1:t]:
+            sch.unroll(ctx.rv(lp))
+        inner = [lp for lp in order[t:] if not (lp.extent == 1 and lp is not order[-1])]
+        if self.how == "vector":
+            # The n-loop becomes the vector lanes: it goes innermost, the rest is unrolled.
+            n_loop = next(lp for lp in order[t:] if s.role_of(lp.axes[0]) == "n")
+            rest = [lp for lp in order[t:] if lp is not n_loop]
+            sch.reorder(*[ctx.rv(lp) for lp in rest + [n_loop]])
+            for lp in rest:
+                sch.unroll(ctx.rv(lp))
+            sch.vectorize(ctx.rv(n_loop))
+            ctx.blocks["C_init"] = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
+            return
+        ctx.blocks["C_init"] = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
+        intrinsics.register()
+        sch.tensorize(ctx.rv(inner[0]), self.how)
+
+    def finalize(self, ctx: LowerContext) -> None:
+        for name in ("C_init", "C_store"):
+            if name in ctx.blocks:
+                self._vectorize_innermost(ctx.sch, ctx.blocks[name])
+
+    @staticmethod
+    def _vectorize_innermost(sch, blk) -> None:
+        inner = sch.get_loops(blk)[-1]
+        ext = int(sch.get(inner).extent)
+        if ext % 16 == 0 and ext > 16:
+            _, inner = sch.split(inner, [None, 16])
+        if ext >= 4:
+            sch.vectorize(inner)

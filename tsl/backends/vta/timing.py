@@ -1,0 +1,209 @@
+"""VTA task-level pipeline and cycle model.
+
+Three modules (load, compute, store) each run their own instructions in program order and talk
+through four dependency-token FIFOs (l2g, g2l, g2s, s2g), docs/vta.md §4. `run_pipeline` plays
+that protocol: an instruction issues once every queue it pops is non-empty, and pushes when it
+completes. The same loop drives the functional simulator (through `execute`) and, without it,
+serves as a data-free cycle estimate for schedule tuning.
+
+Cycle-model assumptions (a model, not RTL; docs/vta.md §5 gives the hardware facts):
+- Each module has its own clock. An instruction starts at max(time its module is free, time
+  each popped token was pushed); it pushes its tokens when it completes.
+- GEMM and ALU: pipeline_fill + iter_out * iter_in * (uop_end - uop_bgn) * II cycles
+  (gemm_ii, alu_ii); a GEMM reset uop costs the same as a multiply uop.
+- LOAD and STORE: one DMA burst per row, each row costs dma_latency + ceil(row_bytes / bw)
+  cycles with bw = min(bus_bytes, dram_bytes_per_cycle); rows are not overlapped (VTA's
+  load/store engines issue one row copy after another). Padding entries are written on chip
+  at one entry per cycle. A dependency-only LOAD/STORE (x_size 0) and FINISH take 1 cycle.
+- Command and token FIFOs are unbounded, so fetch never stalls on a full command queue and the
+  model never deadlocks for lack of FIFO space (the Xilinx design holds 512 commands and
+  1024 tokens; the behavioural model 8).
+- Total cycles = completion of the last instruction of any module (FINISH, or a later STORE).
+- DRAM is not a shared resource between modules: concurrent load and store DMAs do not slow
+  each other down.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from tsl.backends.vta.config import VTAConfig
+from tsl.backends.vta.isa import Alu, Finish, Gemm, Load, Mem, Store, elem_bytes, format_insn
+from tsl.errors import LoweringError
+
+MODULES = ("load", "compute", "store")
+
+# module -> dependency flag -> token queue (docs/vta.md §4)
+DEP_QUEUES = {
+    "load": {"pop_next": "g2l", "push_next": "l2g"},
+    "compute": {"pop_prev": "l2g", "pop_next": "s2g", "push_prev": "g2l", "push_next": "g2s"},
+    "store": {"pop_prev": "g2s", "push_prev": "s2g"},
+}
+QUEUES = ("l2g", "g2l", "g2s", "s2g")
+
+
+def module_of(insn) -> str:
+    if isinstance(insn, Load):
+        return "load" if insn.mem in (Mem.INP, Mem.WGT) else "compute"
+    if isinstance(insn, Store):
+        return "store"
+    if isinstance(insn, (Gemm, Alu, Finish)):
+        return "compute"
+    raise LoweringError(f"{insn!r} is not a VTA instruction")
+
+
+def n_uop_execs(insn) -> int:
+    """Uop executions of a GEMM/ALU instruction: the trip count of its loop nest."""
+    return insn.iter_out * insn.iter_in * max(insn.uop_end - insn.uop_bgn, 0)
+
+
+def insn_cycles(insn, config: VTAConfig) -> int:
+    if isinstance(insn, Gemm):
+        return config.pipeline_fill + n_uop_execs(insn) * config.gemm_ii
+    if isinstance(insn, Alu):
+        return config.pipeline_fill + n_uop_execs(insn) * config.alu_ii
+    if isinstance(insn, (Load, Store)):
+        if insn.x_size == 0:
+            return 1
+        bw = min(config.bus_bytes, config.dram_bytes_per_cycle)
+        row = config.dma_latency + math.ceil(insn.x_size * elem_bytes(insn.mem, config) / bw)
+        entries = ((insn.y_pad0 + insn.y_size + insn.y_pad1)
+                   * (insn.x_pad0 + insn.x_size + insn.x_pad1))
+        return max(1, insn.y_size * row + entries - insn.y_size * insn.x_size)
+    return 1
+
+
+@dataclass
+class Stats:
+    """Counters of one run. bytes_read / bytes_written are DRAM traffic per memory type
+    (Mem names); busy is the cycles each module spent executing (not waiting)."""
+    cycles: int = 0
+    busy: dict = field(default_factory=lambda: dict.fromkeys(MODULES, 0))
+    gemm_uops: int = 0  # multiply-accumulate uop executions (reset uops not included)
+    reset_uops: int = 0
+    alu_uops: int = 0
+    macs: int = 0
+    bytes_read: dict = field(default_factory=lambda: dict.fromkeys((m.name for m in Mem), 0))
+    bytes_written: dict = field(default_factory=lambda: dict.fromkeys((m.name for m in Mem), 0))
+    insn_counts: dict = field(default_factory=dict)
+    clock_hz: float = 100e6
+
+    @property
+    def seconds(self) -> float:
+        return self.cycles / self.clock_hz
+
+    def summary(self) -> str:
+        c = max(self.cycles, 1)
+        lines = [f"cycles {self.cycles} ({self.seconds * 1e6:.1f} us at "
+                 f"{self.clock_hz / 1e6:g} MHz)",
+                 "busy " + ", ".join(f"{m} {b} ({100 * b / c:.0f}%)"
+                                     for m, b in self.busy.items()),
+                 f"uops gemm {self.gemm_uops} reset {self.reset_uops} alu {self.alu_uops}; "
+                 f"MACs {self.macs} ({self.macs / c:.1f}/cycle)",
+                 "DRAM read " + ", ".join(f"{k} {v}" for k, v in self.bytes_read.items() if v)
+                 + "; written " + ", ".join(f"{k} {v}" for k, v in self.bytes_written.items()
+                                            if v),
+                 "insns " + ", ".join(f"{k} {v}" for k, v in self.insn_counts.items())]
+        return "\n".join(lines)
+
+
+def _count(stats: Stats, insn, config: VTAConfig):
+    name = type(insn).__name__.upper()
+    stats.insn_counts[name] = stats.insn_counts.get(name, 0) + 1
+    if isinstance(insn, Gemm):
+        n = n_uop_execs(insn)
+        if insn.reset:
+            stats.reset_uops += n
+        else:
+            stats.gemm_uops += n
+            stats.macs += n * config.batch * config.block_in * config.block_out
+    elif isinstance(insn, Alu):
+        stats.alu_uops += n_uop_execs(insn)
+    elif isinstance(insn, (Load, Store)):
+        nbytes = insn.y_size * insn.x_size * elem_bytes(insn.mem, config)
+        table = stats.bytes_read if isinstance(insn, Load) else stats.bytes_written
+        table[insn.mem.name] += nbytes
+
+
+def check_structure(program: list):
+    """Static rules: FINISH ends the program, nothing follows it, and every dependency flag
+    names a queue that its module has."""
+    if not program or not isinstance(program[-1], Finish):
+        raise LoweringError("the program does not end with FINISH"
+                            + (f" (last: #{len(program) - 1} {format_insn(program[-1])})"
+                               if program else " (empty program)"))
+    for k, insn in enumerate(program):
+        if isinstance(insn, Finish) and k != len(program) - 1:
+            raise LoweringError(f"instruction #{k + 1} ({format_insn(program[k + 1])}) follows "
+                                f"FINISH #{k}")
+        module = module_of(insn)
+        for flag in insn.deps.names():
+            if flag not in DEP_QUEUES[module]:
+                raise LoweringError(f"instruction #{k} ({format_insn(insn)}) runs on the "
+                                    f"{module} module, which has no {flag} queue")
+
+
+def run_pipeline(program: list, config: VTAConfig, execute=None) -> Stats:
+    """Play the token protocol and the cycle model over `program`.
+
+    `execute(index, insn, vclock)` is called for every instruction in an order that respects
+    the tokens; vclock[m] is how many instructions of module MODULES[m] happen before (or are)
+    this one through program order and tokens, which is what a race check needs."""
+    check_structure(program)
+    stats = Stats(clock_hz=config.clock_hz)
+    per_module = {m: [] for m in MODULES}
+    for k, insn in enumerate(program):
+        per_module[module_of(insn)].append(k)
+    queues = {q: deque() for q in QUEUES}  # tokens: (push time, pusher's vclock)
+    ptr = dict.fromkeys(MODULES, 0)
+    free = dict.fromkeys(MODULES, 0)
+    vclock = {m: (0, 0, 0) for m in MODULES}
+    progress = True
+    while progress:
+        progress = False
+        for mi, m in enumerate(MODULES):
+            order, dq = per_module[m], DEP_QUEUES[m]
+            while ptr[m] < len(order):
+                k = order[ptr[m]]
+                insn = program[k]
+                flags = insn.deps.names()
+                pops = [dq[f] for f in flags if f.startswith("pop")]
+                if any(not queues[q] for q in pops):
+                    break
+                start, vc = free[m], list(vclock[m])
+                for q in pops:
+                    t, tvc = queues[q].popleft()
+                    start = max(start, t)
+                    vc = [max(a, b) for a, b in zip(vc, tvc)]
+                vc[mi] = ptr[m] + 1
+                vc = tuple(vc)
+                if execute is not None:
+                    execute(k, insn, vc)
+                dur = insn_cycles(insn, config)
+                free[m] = start + dur
+                stats.busy[m] += dur
+                for f in flags:
+                    if f.startswith("push"):
+                        queues[dq[f]].append((free[m], vc))
+                _count(stats, insn, config)
+                vclock[m] = vc
+                ptr[m] += 1
+                progress = True
+    blocked = []
+    for m in MODULES:
+        if ptr[m] < len(per_module[m]):
+            k = per_module[m][ptr[m]]
+            insn = program[k]
+            empty = [DEP_QUEUES[m][f] for f in insn.deps.names()
+                     if f.startswith("pop") and not queues[DEP_QUEUES[m][f]]]
+            blocked.append(f"{m} #{k} ({format_insn(insn)}) waits on empty {', '.join(empty)}")
+    if blocked:
+        raise LoweringError("deadlock: " + "; ".join(blocked))
+    left = [f"{q} ({len(queues[q])})" for q in QUEUES if queues[q]]
+    if left:
+        raise LoweringError("tokens left in queues at the end of the program: "
+                            + ", ".join(left) + "; every push needs a matching pop, or the next "
+                            "program starts with stale tokens")
+    stats.cycles = max(free.values())
+    return stats

@@ -1,0 +1,209 @@
+"""Generic lowering: a recorded TSL schedule replayed on `tvm.s_tir.Schedule`.
+
+The loop structure (tile, reorder, fuse) is the same for every back end. What a memory level,
+a compute level, a primitive or a packed layout becomes is asked of the back end's `Lowering`
+(its hooks); the base class gives the plain s_tir meaning of each. Steps are applied in phases
+that s_tir accepts (loops, packing, staging, epilogue, parallel, pipeline, tensorize), not in
+the order the schedule function called them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import LoweringError, ScheduleError
+from .ops.operator import Operator
+from .primitives.layout import Blocked
+from .primitives.schedule import Loop, Schedule, Stage
+from .tam.machine import ComputeLevel, MemoryLevel, TensorPrimitive
+
+
+@dataclass
+class LowerContext:
+    """What the hooks work on: the s_tir schedule of the padded operator, and the map from
+    TSL loops to s_tir loops."""
+
+    tsl: Schedule
+    op: Operator  # the padded operator that is actually compiled
+    sch: object  # tvm.s_tir.Schedule
+    loops: dict = field(default_factory=dict)  # id(Loop) -> LoopRV
+    layouts: dict = field(default_factory=dict)  # input index -> Blocked
+    blocks: dict = field(default_factory=dict)  # name -> SBlockRV made by hooks
+
+    def rv(self, loop: Loop):
+        return self.loops[id(loop)]
+
+    @property
+    def block(self):
+        return self.sch.get_sblock("C")
+
+    def input_index(self, role: str) -> int:
+        return [t.role for t in self.op.inputs].index(role)
+
+
+class Lowering:
+    """Back-end hooks with the plain s_tir meaning of each primitive. A back end subclasses
+    this and overrides what differs on its machine."""
+
+    a_dtype: str | None = None  # operand A dtype the primitive wants (None: the op's)
+
+    def __init__(self, machine):
+        self.machine = machine
+
+    # -- hooks ------------------------------------------------------------------------------
+    def layout(self, ctx: LowerContext, operand: str, layout: str) -> Blocked | None:
+        """The blocked layout `pack(operand, layout)` means here; None keeps the layout."""
+        return None
+
+    def scope(self, level: MemoryLevel) -> str | None:
+        """The storage scope of a memory level; None: nothing is copied (a hardware cache)."""
+        return "global" if level.managed else None
+
+    def cache(self, ctx: LowerContext, stage: Stage) -> None:
+        scope = self.scope(stage.level)
+        if scope is None:
+            return
+        sch, blk = ctx.sch, ctx.block
+        if stage.operand == "C":
+            cw = sch.cache_write(blk, 0, scope)
+            sch.reverse_compute_at(cw, ctx.rv(stage.at), preserve_unit_loops=True)
+            ctx.blocks["C_store"] = cw
+        else:
+            idx = ctx.input_index(stage.operand) if stage.operand in ("A", "B") else 0
+            cr = sch.cache_read(blk, self._read_index(ctx, idx), scope)
+            sch.compute_at(cr, ctx.rv(stage.at), preserve_unit_loops=True)
+            ctx.blocks[f"{stage.operand}_{stage.level.name}"] = cr
+
+    def bind(self, ctx: LowerContext, rv, level: ComputeLevel) -> None:
+        ctx.sch.parallel(rv)
+
+    def pipeline(self, ctx: LowerContext, loop: Loop, stages: int) -> None:
+        """Nothing by default: machines with hardware prefetch overlap by themselves."""
+
+    def epilogue(self, ctx: LowerContext, at: Loop | None) -> None:
+        sch = ctx.sch
+        try:
+            out = sch.get_sblock("out")
+        except Exception:  # noqa: BLE001 - TVM raises its own error type for a missing block
+            return
+        if "C_store" in ctx.blocks:
+            # The copy-out of the staged accumulator becomes the epilogue itself.
+            sch.compute_inline(ctx.blocks.pop("C_store"))
+            out = sch.get_sblock("out")
+            ctx.blocks["C_store"] = out
+        if at is not None:
+            sch.reverse_compute_at(out, ctx.rv(at), preserve_unit_loops=True)
+
+    def tensorize(self, ctx: LowerContext, loop: Loop, prim: TensorPrimitive) -> None:
+        raise LoweringError(f"back end of {self.machine.name} does not lower tensor primitive "
+                            f"{prim.name}")
+
+    def finalize(self, ctx: LowerContext) -> None:
+        """Last touches after every step (unroll, vectorize, decompose the reduction...)."""
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _read_index(self, ctx: LowerContext, input_index: int) -> int:
+        """Position of an input among the reads of block C (stages such as A_pad or A_u8
+        stand between the function argument and the block)."""
+        names = [r.source.name for r in ctx.sch.get(ctx.block).reads]
+        want = ctx.op.inputs[input_index].name
+        for i, n in enumerate(names):
+            if n == want or n.startswith(want + "_"):
+                return i
+        raise LoweringError(f"block C reads {names}, none of them input {want!r}")
+
+
+def lower(schedule: Schedule, lowering: Lowering) -> LowerContext:
+    """Replay `schedule` on s_tir with `lowering`'s hooks. TVM errors become LoweringError."""
+    from tvm import s_tir
+
+    op = schedule.op.padded(schedule.padded_extents())
+    func = op.prim_func(lowering.a_dtype)
+    ctx = LowerContext(schedule, op, s_tir.Schedule(func))
+    try:
+        _replay(schedule, lowering, ctx)
+    except (ScheduleError, LoweringError):
+        raise
+    except Exception as e:  # noqa: BLE001 - TVM's errors have no common base worth naming
+        raise LoweringError(f"lowering {schedule.op} for {lowering.machine.name} failed in TVM; "
+                            f"the schedule was:\n{schedule}\nTVM said: {_first_line(e)}") from e
+    return ctx
+
+
+def _replay(s: Schedule, hooks: Lowering, ctx: LowerContext) -> None:
+    sch = ctx.sch
+    blk = ctx.block
+    for ax, rv in zip(s.op.axes, sch.get_loops(blk)):
+        ctx.loops[("axis", ax.name)] = rv
+    # Phase 1: loop structure.
+    current = {ax.name: ctx.loops.pop(("axis", ax.name)) for ax in s.op.axes}
+    by_loop = {}
+    initial = {}
+    for step in s.steps:
+        if step.primitive == "tile":
+            loop = step.args[0]
+            rv = by_loop.get(id(loop)) or current[loop.axes[0]]
+            new = sch.split(rv, factors=[lp.extent for lp in step.result])
+            for lp, r in zip(step.result, new):
+                by_loop[id(lp)] = r
+        elif step.primitive == "reorder":
+            sch.reorder(*[_rv(by_loop, current, lp) for lp in step.args])
+        elif step.primitive == "fuse":
+            by_loop[id(step.result[0])] = sch.fuse(*[_rv(by_loop, current, lp)
+                                                     for lp in step.args[0:]])
+        elif step.primitive == "parallel" and step.result and isinstance(step.result[0], Loop):
+            loops = step.args[0]
+            if len(loops) > 1:
+                by_loop[id(step.result[0])] = sch.fuse(*[_rv(by_loop, current, lp)
+                                                         for lp in loops])
+            else:
+                by_loop[id(step.result[0])] = _rv(by_loop, current, loops[0])
+    for lp in s.loops:
+        ctx.loops[id(lp)] = _rv(by_loop, current, lp)
+    for lp in list(by_loop):
+        ctx.loops.setdefault(lp, by_loop[lp])
+    # Phase 2: packing. Block C's read of the operand is transformed: for a function argument
+    # that changes the signature (the artifact packs the array), for a stage such as A_pad the
+    # stage itself writes the packed layout inside the kernel.
+    for operand, layout in s.packed.items():
+        lay = hooks.layout(ctx, operand, layout)
+        if lay is not None and not lay.is_identity():
+            idx = ctx.input_index(operand)
+            pos = hooks._read_index(ctx, idx)
+            buf = sch.get(blk).reads[pos].source.name
+            sch.transform_layout(blk, ("read", pos), lay.index_map)
+            if buf == ctx.op.inputs[idx].name:
+                ctx.layouts[idx] = lay
+    # Phase 3: staging (accumulator first: it brackets the reduction).
+    for st in sorted(s.stages, key=lambda st: st.operand != "C"):
+        hooks.cache(ctx, st)
+    # Phase 4: epilogue.
+    if s.epilogue_at is not None or "C_store" in ctx.blocks:
+        hooks.epilogue(ctx, s.epilogue_at)
+    # Phase 5: parallel.
+    for lp in s.loops:
+        if lp.parallel:
+            hooks.bind(ctx, ctx.rv(lp), s.machine.compute_level(lp.parallel))
+    # Phase 6: pipeline.
+    for lp in s.loops:
+        if lp.stages > 1:
+            hooks.pipeline(ctx, lp, lp.stages)
+    # Phase 7: tensorize.
+    for lp in s.loops:
+        if lp.tensorized is not None:
+            hooks.tensorize(ctx, lp, lp.tensorized)
+    hooks.finalize(ctx)
+
+
+def _rv(by_loop, current, lp: Loop):
+    if id(lp) in by_loop:
+        return by_loop[id(lp)]
+    return current[lp.axes[0]]
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    for line in reversed(text):
+        if line.strip() and not line.startswith(("  ", "File", "Stack")):
+            return line.strip()[:500]
+    return text[0][:500] if text else type(e).__name__

@@ -1,0 +1,8 @@
+"""Operators: shapes, dtypes, a TE definition and a NumPy reference each."""
+
+from .defs import batch_matmul, conv2d, dense, matmul
+from .epilogue import Epilogue, bias, relu, requantize
+from .operator import Operator, Tensor
+
+__all__ = ["matmul", "batch_matmul", "dense", "conv2d", "bias", "relu", "requantize",
+           "Epilogue", "Operator", "Tensor"]

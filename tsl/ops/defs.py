@@ -1,0 +1,260 @@
+"""The operators: matmul, batch_matmul, dense, conv2d.
+
+Each function validates its arguments, then returns an `Operator` with its TE definition (built
+lazily: TVM is imported only when a PrimFunc is asked for) and its NumPy reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ScheduleError
+from .epilogue import as_epilogue, bias as bias_step
+from .operator import (Axis, Operator, Tensor, acc_numpy, check_dims, check_dtypes, finish,
+                       np_dtype)
+
+
+def _inputs_with_bias(inputs, epilogue, n: int, acc: str):
+    if epilogue.has_bias:
+        inputs = inputs + (Tensor("bias", (n,), acc, "bias"),)
+    return inputs
+
+
+def _te_tail(op_name, C, epilogue, acc, out_shape, chan, bias_t, comp):
+    """Everything after the reduction block "C": u8 compensation and the epilogue, as one
+    element-wise block named "out" (absent when there is neither)."""
+    from tvm import te
+
+    if not epilogue.steps and comp is None:
+        return C
+
+    def body(*idx):
+        v = C[idx]
+        if comp is not None:
+            v = v - comp[idx[chan]]
+        return epilogue.te(v, bias_t[idx[chan]] if bias_t is not None else None, acc)
+
+    return te.compute(out_shape, body, name="out")
+
+
+def _u8_stage(A, a_dtype, op_dtype, pad_value_fn=None):
+    """The int8 -> uint8 shift (A + 128) that an unsigned-A primitive needs."""
+    from tvm import te
+
+    if a_dtype in (None, op_dtype):
+        return A, False
+    if (op_dtype, a_dtype) != ("int8", "uint8"):
+        raise ScheduleError(f"operand A of dtype {op_dtype} cannot be fed to a primitive that "
+                            f"takes {a_dtype}")
+    return te.compute(A.shape, lambda *i: (A[i].astype("int32") + 128).astype("uint8"),
+                      name="A_u8"), True
+
+
+def _gemm_te(name, dtype, acc, epilogue, batch, M, N, K, transpose_b, chan_axis):
+    def build(a_dtype):
+        from tvm import te, tirx
+
+        bshape = (batch,) if batch else ()
+        A = te.placeholder(bshape + (M, K), dtype, name="A")
+        B = te.placeholder(bshape + ((N, K) if transpose_b else (K, N)), dtype, name="B")
+        bias_t = te.placeholder((N,), acc, name="bias") if epilogue.has_bias else None
+        Aq, shifted = _u8_stage(A, a_dtype, dtype)
+        k = te.reduce_axis((0, K), name="k")
+
+        def b_at(bidx, kk, j):
+            return B[bidx + ((j, kk) if transpose_b else (kk, j))]
+
+        def c(*idx):
+            bidx, i, j = idx[:-2], idx[-2], idx[-1]
+            return te.sum(Aq[bidx + (i, k)].astype(acc) * b_at(bidx, k, j).astype(acc), axis=k)
+
+        C = te.compute(bshape + (M, N), c, name="C")
+        comp = None
+        if shifted:
+            kc = te.reduce_axis((0, K), name="kc")
+            if batch:
+                raise ScheduleError(f"{name}: int8 batch_matmul on an unsigned-A primitive "
+                                    f"is not supported; use float32/bfloat16")
+            comp = te.compute((N,), lambda j: te.sum(
+                b_at((), kc, j).astype(acc) * tirx.const(128, acc), axis=kc), name="comp")
+        out = _te_tail(name, C, epilogue, acc, bshape + (M, N), chan_axis, bias_t, comp)
+        args = [A, B] + ([bias_t] if bias_t is not None else []) + [out]
+        return args
+    return build
+
+
+def _gemm_ref(dtype, acc, epilogue, transpose_b):
+    def ref(a, b, *rest):
+        a64, b64 = acc_numpy(dtype, acc, a, b)
+        if transpose_b:
+            b64 = np.swapaxes(b64, -1, -2)
+        c = finish(np.matmul(a64, b64), acc)
+        return epilogue.numpy(c, rest[0] if rest else None, -1)
+    return ref
+
+
+def _gemm(name, M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=0):
+    dims = dict(M=M, N=N, K=K) | ({"batch": batch} if batch else {})
+    check_dims(name, **dims)
+    acc = check_dtypes(name, dtype, acc_dtype)
+    ep = as_epilogue(epilogue)
+    bshape = (batch,) if batch else ()
+    inputs = (Tensor("A", bshape + (M, K), dtype, "A"),
+              Tensor("B", bshape + ((N, K) if transpose_b else (K, N)), dtype, "B"))
+    inputs = _inputs_with_bias(inputs, ep, N, acc)
+    axes = ((Axis("b", batch, "b"),) if batch else ()) + (
+        Axis("i", M, "m"), Axis("j", N, "n"), Axis("k", K, "k"))
+    shape = bshape + (M, N, K)
+
+    def footprint(operand, e):
+        b = e.get("b", 1)
+        return b * {"A": e["i"] * e["k"], "B": e["j"] * e["k"], "C": e["i"] * e["j"]}[operand]
+
+    def pad(e):
+        return _gemm(name, e["i"], e["j"], e["k"], dtype, acc_dtype, transpose_b, epilogue,
+                     batch=batch)
+
+    return Operator(name=name, params={"shape": shape, "transpose_b": transpose_b},
+                    dtype=dtype, acc_dtype=acc, epilogue=ep, inputs=inputs,
+                    output=Tensor("out", bshape + (M, N), ep.out_dtype or acc, "out"),
+                    axes=axes, macs=(batch or 1) * M * N * K,
+                    _te=_gemm_te(name, dtype, acc, ep, batch, M, N, K, transpose_b, len(bshape) + 1),
+                    _ref=_gemm_ref(dtype, acc, ep, transpose_b), _footprint=footprint,
+                    _pad=pad, channel_axis=-1)
+
+
+def matmul(M: int, N: int, K: int, dtype: str = "float32", acc_dtype: str | None = None,
+           transpose_b: bool = False, epilogue=None) -> Operator:
+    """C[M,N] = A[M,K] @ B[K,N] (B given as [N,K] when `transpose_b`), then `epilogue`."""
+    return _gemm("matmul", M, N, K, dtype, acc_dtype, transpose_b, epilogue)
+
+
+def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32",
+                 acc_dtype: str | None = None, transpose_b: bool = False,
+                 epilogue=None) -> Operator:
+    """C[b,M,N] = A[b,M,K] @ B[b,K,N] for each of `batch` independent products."""
+    return _gemm("batch_matmul", M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=batch)
+
+
+def dense(batch: int, in_features: int, out_features: int, dtype: str = "float32",
+          acc_dtype: str | None = None, epilogue=None) -> Operator:
+    """A fully connected layer: out[b, o] = sum_i x[b, i] * W[o, i] (+ bias[o], relu, ...).
+
+    Weights are [out_features, in_features] as in every framework; the bias is added when the
+    epilogue asks for it (default: bias + relu is `tsl.ops.bias() + tsl.ops.relu()`)."""
+    return _gemm("dense", batch, out_features, in_features, dtype, acc_dtype, True,
+                 bias_step() if epilogue is None else epilogue)
+
+
+def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1,
+           padding: int = 0, dilation: int = 1, layout: str = "NCHW", dtype: str = "float32",
+           acc_dtype: str | None = None, epilogue=None) -> Operator:
+    """2-D convolution. layout "NCHW": data NCHW, weights KCRS, output NKPQ; layout "NHWC":
+    data NHWC, weights RSCK, output NPQK. `stride`, `padding` and `dilation` apply to both
+    spatial dimensions."""
+    check_dims("conv2d", N=N, C=C, H=H, W=W, K=K, R=R, S=S, stride=stride, dilation=dilation)
+    if not isinstance(padding, int) or padding < 0:
+        raise ScheduleError(f"conv2d(padding={padding!r}): must be a non-negative integer")
+    if layout not in ("NCHW", "NHWC"):
+        raise ScheduleError(f"conv2d(layout={layout!r}): layout must be 'NCHW' or 'NHWC'")
+    acc = check_dtypes("conv2d", dtype, acc_dtype)
+    ep = as_epilogue(epilogue)
+    P = (H + 2 * padding - dilation * (R - 1) - 1) // stride + 1
+    Q = (W + 2 * padding - dilation * (S - 1) - 1) // stride + 1
+    if P <= 0 or Q <= 0:
+        raise ScheduleError(f"conv2d: a {R}x{S} kernel with dilation {dilation} does not fit a "
+                            f"{H}x{W} input padded by {padding}")
+    nchw = layout == "NCHW"
+    dshape = (N, C, H, W) if nchw else (N, H, W, C)
+    wshape = (K, C, R, S) if nchw else (R, S, C, K)
+    oshape = (N, K, P, Q) if nchw else (N, P, Q, K)
+    chan = 1 if nchw else 3
+    inputs = _inputs_with_bias((Tensor("A", dshape, dtype, "A"), Tensor("B", wshape, dtype, "B")),
+                               ep, K, acc)
+    if nchw:
+        axes = (Axis("n", N, "m"), Axis("co", K, "n"), Axis("oh", P, "m"), Axis("ow", Q, "m"),
+                Axis("ci", C, "k"), Axis("r", R, "k"), Axis("s", S, "k"))
+    else:
+        axes = (Axis("n", N, "m"), Axis("oh", P, "m"), Axis("ow", Q, "m"), Axis("co", K, "n"),
+                Axis("r", R, "k"), Axis("s", S, "k"), Axis("ci", C, "k"))
+
+    def build(a_dtype):
+        from tvm import te, tirx
+
+        A = te.placeholder(dshape, dtype, name="A")
+        Wt = te.placeholder(wshape, dtype, name="B")
+        bias_t = te.placeholder((K,), acc, name="bias") if ep.has_bias else None
+        Aq, shifted = _u8_stage(A, a_dtype, dtype)
+        pad_val = 128 if shifted else 0
+        Hp, Wp = H + 2 * padding, W + 2 * padding
+
+        def pad(*i):
+            h, w = (i[2], i[3]) if nchw else (i[1], i[2])
+            inside = tirx.all(h >= padding, h < H + padding, w >= padding, w < W + padding)
+            src = ((i[0], i[1], h - padding, w - padding) if nchw
+                   else (i[0], h - padding, w - padding, i[3]))
+            return tirx.if_then_else(inside, Aq[src], tirx.const(pad_val, Aq.dtype))
+
+        Ap = te.compute((N, C, Hp, Wp) if nchw else (N, Hp, Wp, C), pad, name="A_pad") \
+            if padding else Aq
+        ci = te.reduce_axis((0, C), name="ci")
+        r = te.reduce_axis((0, R), name="r")
+        s = te.reduce_axis((0, S), name="s")
+        if nchw:
+            Cc = te.compute(oshape, lambda n, k, p, q: te.sum(
+                Ap[n, ci, p * stride + r * dilation, q * stride + s * dilation].astype(acc)
+                * Wt[k, ci, r, s].astype(acc), axis=[ci, r, s]), name="C")
+        else:
+            Cc = te.compute(oshape, lambda n, p, q, k: te.sum(
+                Ap[n, p * stride + r * dilation, q * stride + s * dilation, ci].astype(acc)
+                * Wt[r, s, ci, k].astype(acc), axis=[r, s, ci]), name="C")
+        comp = None
+        if shifted:
+            c2, r2, s2 = (te.reduce_axis((0, e), name=nm) for e, nm in
+                          ((C, "cc"), (R, "rc"), (S, "sc")))
+            comp = te.compute((K,), lambda k: te.sum(
+                (Wt[k, c2, r2, s2] if nchw else Wt[r2, s2, c2, k]).astype(acc)
+                * tirx.const(128, acc), axis=[c2, r2, s2]), name="comp")
+        out = _te_tail("conv2d", Cc, ep, acc, oshape, chan, bias_t, comp)
+        return [A, Wt] + ([bias_t] if bias_t is not None else []) + [out]
+
+    def ref(x, w, *rest):
+        x64, w64 = acc_numpy(dtype, acc, x, w)
+        if not nchw:
+            x64, w64 = x64.transpose(0, 3, 1, 2), w64.transpose(3, 2, 0, 1)
+        xp = np.pad(x64, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+        out = np.zeros((N, K, P, Q), x64.dtype)
+        for rr in range(R):
+            for ss in range(S):
+                win = xp[:, :, rr * dilation: rr * dilation + stride * (P - 1) + 1: stride,
+                         ss * dilation: ss * dilation + stride * (Q - 1) + 1: stride]
+                out += np.einsum("ncpq,kc->nkpq", win, w64[:, :, rr, ss], optimize=True)
+        out = finish(out, acc)
+        if not nchw:
+            out = out.transpose(0, 2, 3, 1)
+        return ep.numpy(out, rest[0] if rest else None, chan)
+
+    def footprint(operand, e):
+        if operand == "A":
+            h = (e["oh"] - 1) * stride + (e["r"] - 1) * dilation + 1
+            w = (e["ow"] - 1) * stride + (e["s"] - 1) * dilation + 1
+            return e["n"] * e["ci"] * min(h, H + 2 * padding) * min(w, W + 2 * padding)
+        if operand == "B":
+            return e["co"] * e["ci"] * e["r"] * e["s"]
+        return e["n"] * e["co"] * e["oh"] * e["ow"]
+
+    def pad(e):
+        if (e["r"], e["s"], e["n"]) != (R, S, N):
+            raise ScheduleError("conv2d: the kernel axes r, s and the batch n cannot be padded; "
+                                f"tile them by divisors of {R}, {S} and {N}")
+        # More output rows/columns need that many more (zero) input rows/columns.
+        return conv2d(N, e["ci"], H + (e["oh"] - P) * stride, W + (e["ow"] - Q) * stride,
+                      e["co"], R, S, stride, padding, dilation, layout, dtype, acc_dtype, epilogue)
+
+    return Operator(name="conv2d", params={"shape": (N, C, H, W, K, R, S), "stride": stride,
+                                           "padding": padding, "dilation": dilation,
+                                           "layout": layout},
+                    dtype=dtype, acc_dtype=acc, epilogue=ep, inputs=inputs,
+                    output=Tensor("out", oshape, ep.out_dtype or acc, "out"), axes=axes,
+                    macs=N * K * P * Q * C * R * S, _te=build, _ref=ref, _footprint=footprint,
+                    _pad=pad, channel_axis=chan)

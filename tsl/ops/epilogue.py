@@ -1,0 +1,116 @@
+"""Element-wise epilogues applied to the accumulator before it leaves the chip.
+
+An epilogue is a tuple of steps; `bias() + relu()` composes. Each step knows its NumPy meaning
+and its TE expression, and back ends that map steps onto their own vector units (VTA's ALU, HLO
+element-wise ops) read the steps themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ScheduleError
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # "bias" | "relu" | "shift" | "clip"
+    value: tuple = ()
+
+    def __add__(self, other) -> "Epilogue":
+        return Epilogue((self,)) + other
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    steps: tuple[Step, ...]
+    out_dtype: str | None = None  # None: the accumulator dtype
+
+    def __add__(self, other) -> "Epilogue":
+        other = as_epilogue(other)
+        if self.out_dtype and other.steps:
+            raise ScheduleError("an epilogue that narrows to "
+                                f"{self.out_dtype} (requantize) must come last")
+        return Epilogue(self.steps + other.steps, other.out_dtype or self.out_dtype)
+
+    @property
+    def has_bias(self) -> bool:
+        return any(s.kind == "bias" for s in self.steps)
+
+    def numpy(self, acc: np.ndarray, bias: np.ndarray | None, channel_axis: int) -> np.ndarray:
+        """Apply to an accumulator array; `bias` broadcasts along `channel_axis`."""
+        x = acc
+        for s in self.steps:
+            if s.kind == "bias":
+                shape = [1] * acc.ndim
+                shape[channel_axis] = -1
+                x = x + bias.reshape(shape).astype(x.dtype)
+            elif s.kind == "relu":
+                x = np.maximum(x, np.zeros((), x.dtype))
+            elif s.kind == "shift":
+                x = x >> s.value[0] if s.value[0] >= 0 else x << -s.value[0]
+            elif s.kind == "clip":
+                x = np.clip(x, s.value[0], s.value[1]).astype(x.dtype)
+        return x.astype(self.out_dtype) if self.out_dtype else x
+
+    def te(self, value, bias_value, acc_dtype: str):
+        """The TE expression of the steps applied to `value` (a PrimExpr of `acc_dtype`)."""
+        from tvm import tirx
+
+        x = value
+        for s in self.steps:
+            if s.kind == "bias":
+                x = x + bias_value.astype(acc_dtype)
+            elif s.kind == "relu":
+                x = tirx.max(x, tirx.const(0, acc_dtype))
+            elif s.kind == "shift":
+                sh = s.value[0]
+                x = (tirx.shift_right(x, tirx.const(sh, acc_dtype)) if sh >= 0
+                     else tirx.shift_left(x, tirx.const(-sh, acc_dtype)))
+            elif s.kind == "clip":
+                x = tirx.min(tirx.max(x, tirx.const(s.value[0], acc_dtype)),
+                             tirx.const(s.value[1], acc_dtype))
+        return x.astype(self.out_dtype) if self.out_dtype else x
+
+
+def as_epilogue(e) -> Epilogue:
+    if e is None:
+        return Epilogue(())
+    if isinstance(e, Epilogue):
+        return e
+    if isinstance(e, Step):
+        return Epilogue((e,))
+    if isinstance(e, (list, tuple)):
+        out = Epilogue(())
+        for x in e:
+            out = out + x
+        return out
+    raise ScheduleError(f"epilogue must be tsl.ops.bias(), relu(), requantize(...) or a "
+                        f"sum of them; got {e!r}")
+
+
+def bias() -> Step:
+    """Add a per-output-channel bias (an extra input of the operator)."""
+    return Step("bias")
+
+
+def relu() -> Step:
+    return Step("relu")
+
+
+def requantize(shift: int, bias: bool = False, clip: tuple[int, int] = (-128, 127),
+               out_dtype: str = "int8") -> Epilogue:
+    """int32 accumulator -> (+ bias) -> arithmetic shift right by `shift` -> clip -> int8.
+
+    The order (bias before shift) is the one VTA's ALU runs in place in the accumulator."""
+    if not isinstance(shift, int) or not -31 <= shift <= 31:
+        raise ScheduleError(f"requantize(shift={shift!r}): shift must be an int in [-31, 31]")
+    lo, hi = clip
+    info = np.iinfo(out_dtype)
+    if not (info.min <= lo <= hi <= info.max):
+        raise ScheduleError(f"requantize(clip={clip!r}): need {info.min} <= lo <= hi <= "
+                            f"{info.max} for {out_dtype}")
+    steps = ((Step("bias"),) if bias else ()) + (Step("shift", (shift,)), Step("clip", (lo, hi)))
+    return Epilogue(steps, out_dtype)

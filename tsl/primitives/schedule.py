@@ -1,0 +1,439 @@
+"""The TSL schedule: primitives recorded against TAM roles, checked against the machine.
+
+A `Schedule` is made for one operator and one machine. A schedule function calls its primitives;
+each one validates its arguments up front and records a step. Nothing is lowered while the
+function runs: `tsl.lower` replays the recorded steps on a `tvm.s_tir.Schedule` afterwards, with
+the concrete scopes, bindings and tensor intrinsics that the back end supplies. Loops are named
+after the operator axis they come from: splitting `i` gives `i.0`, `i.1`, ...
+
+Every error is a `ScheduleError` of the form ``<primitive>(<args>): <what is wrong>; <what to
+change>``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..errors import ScheduleError
+from ..ops.operator import Operator
+from ..tam.machine import Machine, MemoryLevel, TensorPrimitive, dtype_bytes
+
+OPERAND_ROLES = {"A": ("b", "m", "k"), "B": ("b", "n", "k"), "C": ("b", "m", "n")}
+
+
+@dataclass(eq=False)
+class Loop:
+    """One loop of the scheduled nest: `extent` iterations of `step` elements of `axis`
+    (a fused loop has several axes)."""
+
+    name: str
+    axes: tuple[str, ...]
+    extent: int
+    step: int = 1
+    parts: tuple["Loop", ...] = ()  # the loops a fused loop was made of
+    parallel: str | None = None  # compute level name
+    tensorized: TensorPrimitive | None = None
+    stages: int = 1
+
+    @property
+    def span(self) -> int:
+        return self.extent * self.step
+
+    def __repr__(self) -> str:
+        return f"Loop({self.name}, extent={self.extent})"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """An operand tile staged in a memory level at a loop (the result of `cache`)."""
+
+    operand: str
+    level: MemoryLevel
+    at: Loop
+    elements: int
+    dtype: str
+
+    @property
+    def bytes(self) -> int:
+        return math.ceil(self.elements * dtype_bytes(self.dtype))
+
+
+@dataclass(frozen=True)
+class Step:
+    primitive: str
+    args: tuple
+    result: tuple = ()
+
+    def __str__(self) -> str:
+        def show(a):
+            if isinstance(a, Loop):
+                return a.name
+            if isinstance(a, (list, tuple)):
+                return "[" + ", ".join(show(x) for x in a) + "]"
+            return repr(a)
+        out = f"{self.primitive}({', '.join(show(a) for a in self.args)})"
+        return out + (f" -> {show(self.result)}" if self.result else "")
+
+
+class Schedule:
+    """Records a TSL schedule of `op` on `machine`.
+
+    `knobs` fixes tunable values by name (see `knob`); the others take their defaults.
+    """
+
+    def __init__(self, op: Operator, machine: Machine, knobs: dict | None = None):
+        self.op = op
+        self.machine = machine
+        self.knob_values = dict(knobs or {})
+        self.space: dict[str, tuple] = {}
+        self.steps: list[Step] = []
+        self.stages: list[Stage] = []
+        self.epilogue_at: Loop | None = None
+        self.packed: dict[str, str] = {}
+        self.loops: list[Loop] = [Loop(a.name, (a.name,), a.extent) for a in op.axes]
+        self._extent = {a.name: a.extent for a in op.axes}
+        self._padded = dict(self._extent)
+        self._role = {a.name: a.role for a in op.axes}
+        self._counter: dict[str, int] = {}
+        self.primitive = self._choose_primitive()
+
+    # -- queries ----------------------------------------------------------------------------
+    def axes(self, role: str) -> list[Loop]:
+        """Current loops whose axis has `role` ("b", "m", "n", "k"), in nest order."""
+        return [lp for lp in self.loops if any(self._role[a] == role for a in lp.axes)]
+
+    def loop(self, name: str) -> Loop:
+        for lp in self.loops:
+            if lp.name == name:
+                return lp
+        raise ScheduleError(f"loop({name!r}): no such loop; loops are "
+                            f"{[lp.name for lp in self.loops]}")
+
+    def level(self, role: str, operand: str) -> MemoryLevel | None:
+        """The innermost memory level of `role` that may hold `operand`, or None."""
+        lv = self.machine.levels(role, operand)
+        return lv[-1] if lv else None
+
+    def padded_extents(self) -> dict[str, int]:
+        """Each axis's extent after padding to its outer tile and the primitive's shape."""
+        return dict(self._padded)
+
+    def role_of(self, axis: str) -> str:
+        return self._role[axis]
+
+    def __str__(self) -> str:
+        head = f"schedule of {self.op} on {self.machine.name}"
+        return "\n".join([head] + [f"  {s}" for s in self.steps])
+
+    # -- knobs ------------------------------------------------------------------------------
+    def knob(self, name: str, choices, default=None):
+        """A tunable value. Returns the value fixed for `name` in the schedule's knobs, else
+        `default` (else the first choice). `tsl.tune` searches over `choices`."""
+        choices = tuple(choices)
+        if not choices:
+            raise ScheduleError(f"knob({name!r}): needs at least one choice")
+        self.space[name] = choices
+        value = self.knob_values.get(name, choices[0] if default is None else default)
+        if value not in choices:
+            raise ScheduleError(f"knob({name!r}): value {value!r} is not one of its choices "
+                                f"{list(choices)}")
+        self.knob_values[name] = value
+        return value
+
+    # -- loop structure ---------------------------------------------------------------------
+    def tile(self, loop: Loop, *sizes: int) -> list[Loop]:
+        """Split `loop` into len(sizes)+1 loops whose inner ones cover `sizes` elements.
+
+        Before ``tile(i, 64, 16)``::
+
+            for i in range(M): ...
+
+        After (M padded up to a multiple of 64 when `i` is an outermost loop)::
+
+            for i.0 in range(ceil(M/64)):
+              for i.1 in range(4):
+                for i.2 in range(16): ...
+
+        Each size must divide the one before it, and an inner loop's span exactly.
+        """
+        self._check_loop("tile", loop)
+        if len(loop.axes) != 1:
+            raise ScheduleError(f"tile({loop.name}, ...): a fused loop cannot be tiled; tile "
+                                f"before fuse")
+        if not sizes:
+            raise ScheduleError(f"tile({loop.name}): give at least one inner size")
+        for s in sizes:
+            if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
+                raise ScheduleError(f"tile({loop.name}, {sizes}): sizes must be positive ints")
+        for outer, inner in zip(sizes, sizes[1:]):
+            if outer % inner:
+                raise ScheduleError(f"tile({loop.name}, {sizes}): {inner} does not divide "
+                                    f"{outer}; each size must divide the one before it")
+        axis = loop.axes[0]
+        if sizes[-1] % loop.step:
+            raise ScheduleError(f"tile({loop.name}, {list(sizes)}): sizes must be multiples "
+                                f"of the loop's step {loop.step}")
+        if self.axes_outermost(axis) is loop:
+            # The outermost loop of an axis may grow: the axis is padded to its outer tile.
+            span = -(-self._padded[axis] // sizes[0]) * sizes[0]
+            self._padded[axis] = span
+        else:
+            span = loop.span
+            if span % sizes[0]:
+                raise ScheduleError(f"tile({loop.name}, {list(sizes)}): {sizes[0]} does not "
+                                    f"divide the loop's span {span}; pick a divisor of {span}")
+        bounds = (span,) + tuple(sizes)
+        new = []
+        for outer, inner in zip(bounds, bounds[1:] + (loop.step,)):
+            new.append(Loop(self._fresh(axis), (axis,), outer // inner, inner))
+        pos = self.loops.index(loop)
+        self.loops[pos:pos + 1] = new
+        self.steps.append(Step("tile", (loop,) + tuple(sizes), tuple(new)))
+        return new
+
+    def axes_outermost(self, axis: str) -> Loop:
+        return next(lp for lp in self.loops if axis in lp.axes)
+
+    split = tile
+
+    def reorder(self, *loops: Loop) -> None:
+        """Put `loops` in the given order, in the positions they occupy now.
+
+        Before ``reorder(j, i)``: ``for i: for j: body``; after: ``for j: for i: body``.
+        """
+        for lp in loops:
+            self._check_loop("reorder", lp)
+        if len(set(map(id, loops))) != len(loops):
+            raise ScheduleError(f"reorder({', '.join(l.name for l in loops)}): a loop is "
+                                f"named twice")
+        slots = sorted(self.loops.index(lp) for lp in loops)
+        for pos, lp in zip(slots, loops):
+            self.loops[pos] = lp
+        self._check_axis_order("reorder")
+        self.steps.append(Step("reorder", tuple(loops)))
+
+    def fuse(self, *loops: Loop) -> Loop:
+        """Fuse adjacent loops into one.
+
+        Before ``fuse(i.0, j.0)``: ``for i.0 in range(4): for j.0 in range(8)``;
+        after: ``for i.0*j.0 in range(32)``.
+        """
+        for lp in loops:
+            self._check_loop("fuse", lp)
+        pos = [self.loops.index(lp) for lp in loops]
+        if len(loops) < 2 or pos != list(range(pos[0], pos[0] + len(loops))):
+            raise ScheduleError(f"fuse({', '.join(l.name for l in loops)}): needs two or more "
+                                f"loops that are adjacent, outer to inner; reorder first")
+        f = Loop("*".join(lp.name for lp in loops), sum((lp.axes for lp in loops), ()),
+                 math.prod(lp.extent for lp in loops),
+                 parts=sum((lp.parts or (lp,) for lp in loops), ()))
+        self.loops[pos[0]:pos[-1] + 1] = [f]
+        self.steps.append(Step("fuse", tuple(loops), (f,)))
+        return f
+
+    # -- mapping onto the machine -----------------------------------------------------------
+    def parallel(self, loops, level: str = "core") -> Loop | None:
+        """Run `loops` (fused if several) in parallel across a compute level (a role such as
+        "core"/"subcore" or a level name). A machine without that level runs them serially,
+        which is recorded, so one schedule serves machines with and without it.
+
+        Before ``parallel([i.0, j.0], "core")``: ``for i.0: for j.0: ...``;
+        after: ``for i.0*j.0 in parallel(core): ...``.
+        """
+        loops = [loops] if isinstance(loops, Loop) else list(loops)
+        for lp in loops:
+            self._check_loop("parallel", lp)
+            if any(self._role[a] == "k" for a in lp.axes):
+                raise ScheduleError(f"parallel({lp.name}, {level!r}): {lp.name} is a reduction "
+                                    f"loop; only spatial loops can run in parallel")
+        cl = self.machine.compute_level(level)
+        if cl is None:
+            self.steps.append(Step("parallel", (loops, level), ("serial: machine has no "
+                                                                f"{level} level",)))
+            return None
+        if any(lp.parallel for lp in self.loops):
+            outer = [lp for lp in self.loops if lp.parallel]
+            if self.loops.index(outer[-1]) > self.loops.index(loops[0]):
+                raise ScheduleError(f"parallel({loops[0].name}, {level!r}): must be inside the "
+                                    f"loops already parallel ({outer[-1].name})")
+        lp = self.fuse(*loops) if len(loops) > 1 else loops[0]
+        if self.steps and self.steps[-1].primitive == "fuse" and len(loops) > 1:
+            self.steps.pop()
+        lp.parallel = cl.name
+        self.steps.append(Step("parallel", (loops, level), (lp,)))
+        return lp
+
+    def cache(self, operand: str, role: str, at: Loop) -> Stage | None:
+        """Stage the tile of `operand` ("A", "B" or "C") used under loop `at` in the memory
+        level of `role` that may hold it. For "C" the tile is accumulated there and written
+        back after the reduction. Returns None when the machine has no such level.
+
+        Before ``cache("A", "scratchpad", at=k.0)``::
+
+            for k.0: for i.1: for k.1: C[..] += A[i, k] * B[k, j]
+
+        After::
+
+            for k.0:
+              A_s[0:mi, 0:kt] = A[i.., k0*kt:]      # in the scratchpad level
+              for i.1: for k.1: C[..] += A_s[..] * B[k, j]
+
+        The tile's bytes (times the pipeline depth of `at`) must fit the level: otherwise a
+        ScheduleError names the tile, the level and the bytes over.
+        """
+        if operand not in OPERAND_ROLES:
+            raise ScheduleError(f"cache({operand!r}, ...): operand must be 'A', 'B' or 'C'")
+        self._check_loop("cache", at)
+        lv = self.level(role, operand)
+        if lv is None:
+            self.steps.append(Step("cache", (operand, role, at), ("skipped: no level",)))
+            return None
+        if operand == "C" and any(self._role[a] == "k" for lp in self._outer(at) for a in lp.axes):
+            raise ScheduleError(f"cache('C', {role!r}, at={at.name}): the accumulator must be "
+                                f"staged outside every reduction loop; {at.name} is inside "
+                                f"one. Stage it at a spatial loop outside k")
+        dtype = self._operand_dtype(operand)
+        st = Stage(operand, lv, at, self.op_footprint(operand, at), dtype)
+        self.stages.append(st)
+        self._check_capacity(f"cache({operand!r}, {role!r}, at={at.name})")
+        self.steps.append(Step("cache", (operand, role, at), (lv.name,)))
+        return st
+
+    def pipeline(self, loop: Loop, stages: int = 2) -> None:
+        """Overlap the data movement of iteration t+1 of `loop` with the compute of iteration t
+        (double buffering at stages=2): every tile staged at `loop` takes `stages` copies.
+
+        Before ``pipeline(k.0, 2)``: ``for k.0: load(t); compute(t)``;
+        after: ``load(0); for k.0: load(t+1) || compute(t)`` with two buffers per tile.
+        """
+        self._check_loop("pipeline", loop)
+        if not isinstance(stages, int) or stages < 1:
+            raise ScheduleError(f"pipeline({loop.name}, {stages!r}): stages must be an int >= 1")
+        loop.stages = stages
+        self._check_capacity(f"pipeline({loop.name}, {stages})")
+        self.steps.append(Step("pipeline", (loop, stages)))
+
+    def tensorize(self, loop: Loop, primitive: str | None = None) -> TensorPrimitive:
+        """Map the loop nest from `loop` inwards onto a tensor primitive of the machine (the one
+        for the operator's dtypes when not named). The nest must be exactly one m-, one n- and
+        one k-loop of the primitive's extents (batch loops of extent 1 allowed).
+
+        Before ``tensorize(i.3)`` on a 1x16x4 primitive::
+
+            for i.3 in range(1): for j.3 in range(16): for k.2 in range(4): C += A * B
+
+        After: ``prim_1x16x4(C[i, j:j+16], A[i, k:k+4], B[k:k+4, j:j+16])``.
+        """
+        self._check_loop("tensorize", loop)
+        prim = self.machine.primitive_named(primitive) if primitive else self.primitive
+        if prim is None:
+            raise ScheduleError(f"tensorize({loop.name}): machine {self.machine.name} has no "
+                                f"tensor primitive for {self.op.dtype}")
+        inner = self.loops[self.loops.index(loop):]
+        want = {"m": prim.m, "n": prim.n, "k": prim.k}
+        got: dict[str, int] = {}
+        for lp in inner:
+            if len(lp.axes) != 1:
+                raise ScheduleError(f"tensorize({loop.name}): fused loop {lp.name} inside")
+            r = self._role[lp.axes[0]]
+            if lp.extent == 1 and r in ("b", "m", "k") and r in got:
+                continue
+            if r == "b" and lp.extent == 1:
+                continue
+            if r in got:
+                raise ScheduleError(f"tensorize({loop.name}): two {r}-loops inside ({lp.name}); "
+                                    f"reorder so that one m-, one n- and one k-loop remain")
+            got[r] = lp.extent
+        for r in "mnk":
+            got.setdefault(r, 1)
+        if got != want:
+            raise ScheduleError(
+                f"tensorize({loop.name}, {prim.name}): the loops inside have (m, n, k) = "
+                f"({got['m']}, {got['n']}, {got['k']}) but the primitive is {prim.m}x{prim.n}x"
+                f"{prim.k}; tile the m, n and k loops so the innermost ones match it")
+        loop.tensorized = prim
+        self.steps.append(Step("tensorize", (loop, prim.name)))
+        return prim
+
+    def pack(self, operand: str, layout: str = "primitive") -> None:
+        """Store `operand` in the layout its primitive reads (B blocked or transposed, data in
+        channel blocks). The artifact packs ordinary NumPy arrays before the kernel runs.
+
+        Before: ``B[k, n]``; after ``pack("B")`` with a 16-wide primitive: ``B[n/16, k, 16]``.
+        """
+        if operand not in ("A", "B"):
+            raise ScheduleError(f"pack({operand!r}): only inputs 'A' and 'B' can be packed")
+        self.packed[operand] = layout
+        self.steps.append(Step("pack", (operand, layout)))
+
+    def fuse_epilogue(self, at: Loop | None = None) -> None:
+        """Apply the operator's epilogue (bias, relu, shift, clip) to the accumulator tile at
+        `at` (default: where C is staged) before it is written out.
+
+        Before: ``for ..: C[..] = acc`` then ``for ..: out[..] = relu(C[..] + bias)``;
+        after: ``for ..: out[..] = relu(acc + bias)`` in the same nest.
+        """
+        if at is not None:
+            self._check_loop("fuse_epilogue", at)
+        self.epilogue_at = at or next((s.at for s in self.stages if s.operand == "C"), None)
+        self.steps.append(Step("fuse_epilogue", (self.epilogue_at,)))
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _choose_primitive(self) -> TensorPrimitive | None:
+        op = self.op
+        prim = self.machine.primitive(op.dtype)
+        if prim is None and op.dtype == "int8":
+            prim = self.machine.primitive("uint8", "int8")
+        return prim
+
+    def _operand_dtype(self, operand: str) -> str:
+        if operand == "C":
+            return self.op.acc_dtype
+        return self.op.input(operand).dtype
+
+    def op_footprint(self, operand: str, at: Loop) -> int:
+        """Elements of `operand` touched by one iteration of `at` (its inner loops)."""
+        ext = {a: 1 for a in self._extent}
+        for lp in self.loops[self.loops.index(at) + 1:]:
+            for part in lp.parts or (lp,):
+                ext[part.axes[0]] *= part.extent
+        return self.op.footprint(operand, ext)
+
+    def _outer(self, at: Loop) -> list[Loop]:
+        return self.loops[:self.loops.index(at) + 1]
+
+    def _check_capacity(self, where: str) -> None:
+        use: dict[str, int] = {}
+        for st in self.stages:
+            use[st.level.name] = use.get(st.level.name, 0) + st.bytes * st.at.stages
+        for name, used in use.items():
+            lv = self.machine.memory_level(name)
+            if used > lv.capacity:
+                tiles = ", ".join(f"{s.operand} at {s.at.name}: {s.bytes} B x{s.at.stages}"
+                                  for s in self.stages if s.level.name == name)
+                raise ScheduleError(f"{where}: tiles in {lv.role} level {name!r} need {used} "
+                                    f"bytes ({tiles}) but it holds {lv.capacity}: "
+                                    f"{used - lv.capacity} bytes over; use smaller tiles or "
+                                    f"fewer pipeline stages")
+
+    def _check_loop(self, prim: str, loop) -> None:
+        if not isinstance(loop, Loop) or loop not in self.loops:
+            raise ScheduleError(f"{prim}({getattr(loop, 'name', loop)!r}): not a current loop "
+                                f"of this schedule; loops are {[l.name for l in self.loops]}")
+
+    def _check_axis_order(self, prim: str) -> None:
+        seen: dict[str, int] = {}
+        for lp in self.loops:
+            if len(lp.axes) != 1:
+                continue
+            a = lp.axes[0]
+            if seen.get(a, 1 << 62) < lp.step:
+                raise ScheduleError(f"{prim}: loop {lp.name} would be inside a finer loop of "
+                                    f"the same axis {a}; keep each axis' loops outer to inner")
+            seen[a] = lp.step
+
+    def _fresh(self, axis: str) -> str:
+        n = self._counter.get(axis, 0)
+        self._counter[axis] = n + 1
+        return f"{axis}.{n}"

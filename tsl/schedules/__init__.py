@@ -1,0 +1,164 @@
+"""The default TSL schedules: one function per operator family, written against TAM roles
+and knobs only. Every back end accepts these functions unchanged.
+
+The nest they build, outer to inner (the same on every machine; what each loop becomes is the
+back end's business)::
+
+    b, i.0, j.0     blocks of the output     -> parallel over the "core" compute level
+    i.1, j.1        accumulator tiles         -> parallel over "subcore" (warps) if present;
+                                                 C is staged in the "accumulator" level here
+    k.0             reduction blocks          -> A and B staged in "scratchpad" levels, pipelined
+    k.1             reduction steps           -> A and B staged in "operand" levels if present
+    i.2, j.2        primitive tiles of the accumulator tile
+    i.3, j.3, k.2   one tensor primitive      -> tensorize
+"""
+
+from __future__ import annotations
+
+from ..errors import ScheduleError
+from ..primitives.schedule import Schedule
+from ..tam.machine import dtype_bytes
+
+
+def _primitive(s: Schedule):
+    p = s.primitive
+    if p is None:
+        raise ScheduleError(f"machine {s.machine.name} has no tensor primitive for operands of "
+                            f"{s.op.dtype}; its primitives take "
+                            f"{sorted({(q.a_dtype, q.b_dtype) for q in s.machine.primitives})}")
+    return p
+
+
+def _reuse(mr: int, nr: int) -> float:
+    return mr * nr / (mr + nr)
+
+
+def _pick_acc_tile(s: Schedule, p, m_choices, n_choices, m_extent, n_extent):
+    """(m_inner, n_inner) in primitive units: the accumulator tile with the most reuse that
+    fits the accumulator level (and the subcore count when tiles are spread over it)."""
+    acc = s.level("accumulator", "C")
+    cap = acc.capacity if acc else 1 << 62
+    ab = dtype_bytes(s.op.acc_dtype)
+    best = None
+    for mi in m_choices:
+        for ni in n_choices:
+            mr, nr = mi * p.m, ni * p.n
+            if mr * nr * ab > cap or mr > max(m_extent, p.m) * 2 or nr > max(n_extent, p.n) * 2:
+                continue
+            key = (_reuse(min(mr, m_extent), min(nr, n_extent)), -mr * nr)
+            if best is None or key > best[0]:
+                best = (key, mi, ni)
+    if best is None:
+        return m_choices[0], n_choices[0]
+    return best[1], best[2]
+
+
+def _pick_k(s: Schedule, p, mr, nr, k_choices, k_extent, stages):
+    """k_inner in primitive units: the deepest reduction block whose A and B tiles (times the
+    pipeline depth) fit every scratchpad that holds them."""
+    best = k_choices[0]
+    for kc in k_choices:
+        kk = kc * p.k
+        if kk > max(k_extent, p.k) * 2:
+            continue
+        need = {}
+        for operand, elems in (("A", mr * kk), ("B", nr * kk)):
+            lv = s.level("scratchpad", operand)
+            if lv is not None:
+                need[lv] = need.get(lv, 0) + elems * dtype_bytes(s.op.dtype) * stages
+        if all(v <= lv.capacity for lv, v in need.items()):
+            best = kc
+    return best
+
+
+def _round_choices(extent: int, unit: int, choices):
+    """Outer tile multipliers that do not exceed the padded extent needlessly."""
+    top = max(1, -(-extent // unit))
+    kept = [c for c in choices if c <= top]
+    return kept or [1]
+
+
+def schedule_gemm(s: Schedule) -> None:
+    """matmul, batch_matmul and dense: a multi-level tiled GEMM feeding the tensor primitive."""
+    p = _primitive(s)
+    (i,), (j,), (k,) = s.axes("m"), s.axes("n"), s.axes("k")
+    b = s.axes("b")
+    M, N, K = i.extent, j.extent, k.extent
+    stages = s.knob("stages", (2, 1))
+    mi0, ni0 = _pick_acc_tile(s, p, (1, 2, 4, 6, 8, 12, 16), (1, 2, 4, 8), M, N)
+    m_inner = s.knob("m_inner", (1, 2, 4, 6, 8, 12, 16), mi0)
+    n_inner = s.knob("n_inner", (1, 2, 4, 8), ni0)
+    mr, nr = m_inner * p.m, n_inner * p.n
+    sub = s.machine.compute_level("subcore")
+    m_outer = s.knob("m_outer", _round_choices(M, mr, (1, 2, 4, 8, 16, 32)),
+                     2 if sub and sub.count >= 4 else 1)
+    n_outer = s.knob("n_outer", _round_choices(N, nr, (1, 2, 4, 8, 16, 32)),
+                     2 if sub and sub.count >= 4 else 1)
+    k_choices = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    k_inner = s.knob("k_inner", k_choices,
+                     _pick_k(s, p, mr * m_outer, nr * n_outer, k_choices, K, stages))
+    i0, i1, i2, i3 = s.tile(i, mr * m_outer, mr, p.m)
+    j0, j1, j2, j3 = s.tile(j, nr * n_outer, nr, p.n)
+    k0, k1, k2 = s.tile(k, k_inner * p.k, p.k)
+    s.reorder(*b, i0, j0, i1, j1, k0, k1, i2, j2, i3, j3, k2)
+    s.parallel(b + [i0, j0], "core")
+    tile = s.parallel([i1, j1], "subcore") or j1
+    s.cache("C", "accumulator", at=tile)
+    s.pack("B")
+    for operand in ("A", "B"):
+        s.cache(operand, "scratchpad", at=k0)
+        s.cache(operand, "operand", at=k1)
+    s.pipeline(k0, stages)
+    s.tensorize(i3)
+    s.fuse_epilogue()
+
+
+def schedule_conv2d(s: Schedule) -> None:
+    """conv2d (NCHW or NHWC) as an implicit GEMM: output pixels are rows (m), output channels
+    columns (n), input channels the reduction (k) fed to the primitive; the kernel window
+    loops run around the primitive."""
+    p = _primitive(s)
+    n, = [a for a in s.axes("m") if a.name == "n"]
+    oh, ow = s.loop("oh"), s.loop("ow")
+    co, ci = s.loop("co"), s.loop("ci")
+    r, w = s.loop("r"), s.loop("s")
+    stages = s.knob("stages", (2, 1))
+    P, Q, K, C = oh.extent, ow.extent, co.extent, ci.extent
+    # Rows of the accumulator tile come from ow (times p.m); tile_h stacks several rows of oh.
+    mi0, ni0 = _pick_acc_tile(s, p, (1, 2, 4, 7, 8, 14, 16, 28), (1, 2, 4, 8), Q, K)
+    w_inner = s.knob("w_inner", (1, 2, 4, 7, 8, 14, 16, 28), mi0)
+    co_inner = s.knob("co_inner", (1, 2, 4, 8), ni0)
+    h_inner = s.knob("h_inner", _round_choices(P, 1, (1, 2, 4, 7, 8, 14)), 1)
+    co_outer = s.knob("co_outer", _round_choices(K, co_inner * p.n, (1, 2, 4, 8)), 1)
+    wr, cr = w_inner * p.m, co_inner * p.n
+    k_choices = (1, 2, 4, 8, 16, 32, 64)
+    ci_inner = s.knob("ci_inner", _round_choices(C, p.k, k_choices),
+                      _pick_k(s, p, wr * h_inner * r.extent * w.extent, cr * co_outer,
+                              _round_choices(C, p.k, k_choices), C, stages))
+    oh0, oh1 = s.tile(oh, h_inner)
+    ow0, ow1, ow2 = s.tile(ow, wr, p.m)
+    co0, co1, co2, co3 = s.tile(co, cr * co_outer, cr, p.n)
+    ci0, ci1, ci2 = s.tile(ci, ci_inner * p.k, p.k)
+    s.reorder(n, oh0, co0, ow0, co1, oh1, ci0, r, w, ci1, ow1, co2, ow2, co3, ci2)
+    s.parallel([n, oh0, co0], "core")
+    tile = s.parallel([ow0, co1], "subcore") or co1
+    s.cache("C", "accumulator", at=tile)
+    s.pack("A")
+    s.pack("B")
+    for operand in ("A", "B"):
+        s.cache(operand, "scratchpad", at=ci0)
+        s.cache(operand, "operand", at=ci1)
+    s.pipeline(ci0, stages)
+    s.tensorize(ow2)
+    s.fuse_epilogue()
+
+
+DEFAULT = {"matmul": schedule_gemm, "batch_matmul": schedule_gemm, "dense": schedule_gemm,
+           "conv2d": schedule_conv2d}
+
+
+def default_schedule(op_name: str):
+    try:
+        return DEFAULT[op_name]
+    except KeyError:
+        raise ScheduleError(f"no default schedule for operator {op_name!r}; pass schedule=") from None
