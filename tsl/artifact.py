@@ -70,6 +70,8 @@ class Artifact:
     def prepare(self, arrays) -> list[np.ndarray]:
         """Checked, padded and packed inputs, ready for the kernel."""
         xs = self.op.pad_inputs(self.ctx.op, self.check_inputs(arrays))
+        if self.ctx.unsigned_a:
+            xs.append(self.ctx.op.compensation(xs[self.ctx.input_index("B")]))
         for idx, lay in self.ctx.layouts.items():
             xs[idx] = lay.apply(xs[idx])
         return [np.ascontiguousarray(x) for x in xs]

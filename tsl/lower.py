@@ -29,6 +29,7 @@ class LowerContext:
     loops: dict = field(default_factory=dict)  # id(Loop) -> LoopRV
     layouts: dict = field(default_factory=dict)  # input index -> Blocked
     blocks: dict = field(default_factory=dict)  # name -> SBlockRV made by hooks
+    unsigned_a: bool = False  # int8 A fed as uint8: the kernel takes a compensation argument
 
     def rv(self, loop: Loop):
         return self.loops[id(loop)]
@@ -119,7 +120,8 @@ def lower(schedule: Schedule, lowering: Lowering) -> LowerContext:
 
     op = schedule.op.padded(schedule.padded_extents())
     func = op.prim_func(lowering.a_dtype)
-    ctx = LowerContext(schedule, op, s_tir.Schedule(func))
+    ctx = LowerContext(schedule, op, s_tir.Schedule(func),
+                       unsigned_a=op.dtype == "int8" and lowering.a_dtype == "uint8")
     try:
         _replay(schedule, lowering, ctx)
     except (ScheduleError, LoweringError):

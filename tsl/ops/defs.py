@@ -20,18 +20,16 @@ def _inputs_with_bias(inputs, epilogue, n: int, acc: str):
     return inputs
 
 
-def _te_tail(op_name, C, epilogue, acc, out_shape, chan, bias_t, comp):
-    """Everything after the reduction block "C": u8 compensation and the epilogue, as one
-    element-wise block named "out" (absent when there is neither)."""
+def _te_tail(C, epilogue, acc, out_shape, chan, bias_t, comp):
+    """Everything after the reduction block "C" as one element-wise block named "out": the
+    unsigned-A compensation (`comp`, see `Operator.compensation`) and the epilogue."""
     from tvm import te
 
     if not epilogue.steps and comp is None:
         return C
 
     def body(*idx):
-        v = C[idx]
-        if comp is not None:
-            v = v - comp[idx[chan]]
+        v = C[idx] if comp is None else C[idx] + comp[idx[chan]]
         return epilogue.te(v, bias_t[idx[chan]] if bias_t is not None else None, acc)
 
     return te.compute(out_shape, body, name="out")
@@ -64,21 +62,20 @@ def _gemm_te(name, dtype, acc, epilogue, batch, M, N, K, transpose_b, chan_axis)
         def b_at(bidx, kk, j):
             return B[bidx + ((j, kk) if transpose_b else (kk, j))]
 
+        comp = None
+        if shifted:
+            if batch:
+                raise ScheduleError(f"{name}: int8 batch_matmul on an unsigned-A primitive "
+                                    f"is not supported; use float32/bfloat16")
+            comp = te.placeholder((N,), acc, name="comp")
         def c(*idx):
             bidx, i, j = idx[:-2], idx[-2], idx[-1]
             return te.sum(Aq[bidx + (i, k)].astype(acc) * b_at(bidx, k, j).astype(acc), axis=k)
 
         C = te.compute(bshape + (M, N), c, name="C")
-        comp = None
-        if shifted:
-            kc = te.reduce_axis((0, K), name="kc")
-            if batch:
-                raise ScheduleError(f"{name}: int8 batch_matmul on an unsigned-A primitive "
-                                    f"is not supported; use float32/bfloat16")
-            comp = te.compute((N,), lambda j: te.sum(
-                b_at((), kc, j).astype(acc) * tirx.const(128, acc), axis=kc), name="comp")
-        out = _te_tail(name, C, epilogue, acc, bshape + (M, N), chan_axis, bias_t, comp)
-        args = [A, B] + ([bias_t] if bias_t is not None else []) + [out]
+        out = _te_tail(C, epilogue, acc, bshape + (M, N), chan_axis, bias_t, comp)
+        args = [A, B] + ([bias_t] if bias_t is not None else []) + ([comp] if shifted else [])
+        args.append(out)
         return args
     return build
 
@@ -197,6 +194,7 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
 
         Ap = te.compute((N, C, Hp, Wp) if nchw else (N, Hp, Wp, C), pad, name="A_pad") \
             if padding else Aq
+        comp = te.placeholder((K,), acc, name="comp") if shifted else None
         ci = te.reduce_axis((0, C), name="ci")
         r = te.reduce_axis((0, R), name="r")
         s = te.reduce_axis((0, S), name="s")
@@ -208,15 +206,9 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
             Cc = te.compute(oshape, lambda n, p, q, k: te.sum(
                 Ap[n, p * stride + r * dilation, q * stride + s * dilation, ci].astype(acc)
                 * Wt[r, s, ci, k].astype(acc), axis=[r, s, ci]), name="C")
-        comp = None
-        if shifted:
-            c2, r2, s2 = (te.reduce_axis((0, e), name=nm) for e, nm in
-                          ((C, "cc"), (R, "rc"), (S, "sc")))
-            comp = te.compute((K,), lambda k: te.sum(
-                (Wt[k, c2, r2, s2] if nchw else Wt[r2, s2, c2, k]).astype(acc)
-                * tirx.const(128, acc), axis=[c2, r2, s2]), name="comp")
-        out = _te_tail("conv2d", Cc, ep, acc, oshape, chan, bias_t, comp)
-        return [A, Wt] + ([bias_t] if bias_t is not None else []) + [out]
+        out = _te_tail(Cc, ep, acc, oshape, chan, bias_t, comp)
+        return [A, Wt] + ([bias_t] if bias_t is not None else []) + ([comp] if shifted else []) \
+            + [out]
 
     def ref(x, w, *rest):
         x64, w64 = acc_numpy(dtype, acc, x, w)

@@ -71,9 +71,10 @@ class Operator:
         return tuple(a for a in self.axes if a.role == role)
 
     def prim_func(self, a_dtype: str | None = None):
-        """The TE definition as a PrimFunc. `a_dtype="uint8"` for an int8 operator makes the
-        primitive's unsigned A: A+128 is staged as uint8 and 128*sum_k(B) is subtracted after the
-        reduction, so the result is the signed product exactly."""
+        """The TE definition as a PrimFunc. `a_dtype="uint8"` for an int8 operator feeds an
+        unsigned-A primitive: A+128 is staged as uint8 inside the kernel, and the function takes
+        one more argument after the inputs, `comp` = -128 * sum(B over the reduction) per output
+        channel (see `compensation`), added after the reduction: the result is exact."""
         from tvm import te
 
         return te.create_prim_func(self._te(a_dtype))
@@ -100,6 +101,17 @@ class Operator:
         if y.shape == self.output.shape:
             return y
         return np.ascontiguousarray(y[tuple(slice(0, n) for n in self.output.shape)])
+
+    def compensation(self, b: np.ndarray) -> np.ndarray:
+        """-128 * sum of the weights over the reduction axes, per output channel (int32): what
+        turns sum((a + 128) * w) back into sum(a * w). Computed once per weight array, like
+        packing."""
+        w = b.astype(np.int64)
+        if self.name == "conv2d":
+            axes = (1, 2, 3) if self.params["layout"] == "NCHW" else (0, 1, 2)
+        else:
+            axes = (-1,) if self.params["transpose_b"] else (-2,)
+        return (-128 * w.sum(axis=axes)).astype(np.int32)
 
     def reference(self, *arrays: np.ndarray) -> np.ndarray:
         """The NumPy result for inputs in the order of `self.inputs`."""

@@ -48,6 +48,15 @@ class CPULowering(Lowering):
     def scope(self, level) -> str | None:
         return "global" if level.managed else None
 
+    def cache(self, ctx: LowerContext, stage) -> None:
+        super().cache(ctx, stage)
+        op, p = ctx.op, self.primitive
+        if stage.operand == "C" and op.name == "conv2d" and op.params["layout"] == "NCHW":
+            # The register tile keeps channels innermost (NCHWc) so that the primitive's n
+            # lanes are contiguous; the epilogue writes them back to NCHW.
+            ctx.sch.transform_layout(ctx.block, ("write", 0),
+                                     lambda n, k, h, w: (n, k // p.n, h, w, k % p.n))
+
     def tensorize(self, ctx: LowerContext, loop: Loop, prim) -> None:
         """Unroll the register tile, map the primitive (a TensorIntrin, or the n-loop vectorized
         into FMAs) and zero the accumulator once per tile, outside the reduction."""
