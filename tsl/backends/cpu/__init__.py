@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...backend import Backend
 from ...lower import lower
-from . import codegen
+from . import codegen, suite
 from .lowering import CPULowering
 from .runtime import CPUArtifact
 
@@ -20,6 +20,9 @@ class CPUBackend(Backend):
     def build(self, schedule, **options) -> CPUArtifact:
         ctx = lower(schedule, CPULowering(schedule.machine, schedule.primitive))
         return CPUArtifact(schedule, ctx, codegen.compile_module(ctx.sch.mod, schedule.machine))
+
+    def bench_suite(self, quick: bool) -> list:
+        return suite.suite(quick)
 
 
 backend = CPUBackend()

@@ -34,7 +34,7 @@ class Estimate:
         lines = [f"MACs {self.macs:,} ({self.padded_macs:,} after padding, "
                  f"{100 * (1 - self.macs / self.padded_macs):.1f}% waste)",
                  f"time at peak {self.seconds_at_peak * 1e3:.3f} ms",
-                 f"DRAM traffic (tile reuse) {self.dram_bytes / 1e6:.2f} MB"]
+                 f"DRAM traffic (compulsory) {self.dram_bytes / 1e6:.2f} MB"]
         lines += [f"  {s}" for s in self.stages] + self.notes
         return "\n".join(lines)
 
@@ -71,6 +71,18 @@ class CPUArtifact(Artifact):
         f = self.executable.jit().time_evaluator("main", tvm.cpu(0), number=number,
                                                  repeat=repeat)
         return float(f(*args).median)
+
+    def benchmark(self) -> dict:
+        """Median kernel time, its rate and share of the machine's peak, and the ratio of its
+        op rate to NumPy's float32 matmul of the same shape measured just before."""
+        from .suite import numpy_baseline
+
+        base_name, base_rate = numpy_baseline(self.op)
+        sec = self.time(*self.op.random_inputs(7))
+        rate = 2 * self.op.macs / sec
+        peak = self.machine.peak(self.op.dtype)
+        return {"seconds": sec, "rate": rate, "pct_peak": 100 * rate / peak if peak else 0.0,
+                "baseline": base_name, "baseline_rate": base_rate, "speedup": rate / base_rate}
 
     def source(self, kind: str = "ll") -> str:
         """LLVM IR ("ll") or assembly ("asm") of the kernel."""

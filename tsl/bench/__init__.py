@@ -1,0 +1,1 @@
+"""`python -m tsl.bench`: every operator of the default suite on every available target."""
