@@ -172,6 +172,11 @@ def _replay(s: Schedule, hooks: Lowering, ctx: LowerContext) -> None:
         if lay is not None and not lay.is_identity():
             idx = ctx.input_index(operand)
             pos = hooks._read_index(ctx, idx)
+            if operand == "A" and sch.get(blk).reads[pos].source.name == ctx.op.inputs[idx].name:
+                # Activations are packed by a stage inside the kernel, so that the time of
+                # packing is counted; weights (B) are packed once, by the artifact.
+                ctx.blocks["A_pack"] = sch.cache_read(blk, pos, "global")
+                pos = hooks._read_index(ctx, idx)
             buf = sch.get(blk).reads[pos].source.name
             sch.transform_layout(blk, ("read", pos), lay.index_map)
             if buf == ctx.op.inputs[idx].name:

@@ -104,6 +104,7 @@ def schedule_gemm(s: Schedule) -> None:
     s.parallel(b + [i0, j0], "core")
     tile = s.parallel([i1, j1], "subcore") or j1
     s.cache("C", "accumulator", at=tile)
+    s.pack("A")
     s.pack("B")
     for operand in ("A", "B"):
         s.cache(operand, "scratchpad", at=k0)
@@ -126,8 +127,9 @@ def schedule_conv2d(s: Schedule) -> None:
     P, Q, K, C = oh.extent, ow.extent, co.extent, ci.extent
     # Rows of the accumulator tile come from ow (times p.m); tile_h stacks several rows of oh.
     mi0, ni0 = _pick_acc_tile(s, p, (1, 2, 4, 7, 8, 14, 16, 28), (1, 2, 4, 8), Q, K)
-    w_inner = s.knob("w_inner", (1, 2, 4, 7, 8, 14, 16, 28), mi0)
-    co_inner = s.knob("co_inner", (1, 2, 4, 8), ni0)
+    # 56 and 16 are choices (for VTA's published tiles) but never picked by default.
+    w_inner = s.knob("w_inner", (1, 2, 4, 7, 8, 14, 16, 28, 56), mi0)
+    co_inner = s.knob("co_inner", (1, 2, 4, 8, 16), ni0)
     h_inner = s.knob("h_inner", _round_choices(P, 1, (1, 2, 4, 7, 8, 14)), 1)
     co_outer = s.knob("co_outer", _round_choices(K, co_inner * p.n, (1, 2, 4, 8)), 1)
     wr, cr = w_inner * p.m, co_inner * p.n
@@ -139,8 +141,18 @@ def schedule_conv2d(s: Schedule) -> None:
     ow0, ow1, ow2 = s.tile(ow, wr, p.m)
     co0, co1, co2, co3 = s.tile(co, cr * co_outer, cr, p.n)
     ci0, ci1, ci2 = s.tile(ci, ci_inner * p.k, p.k)
-    s.reorder(n, oh0, co0, ow0, co1, oh1, ci0, r, w, ci1, ow1, co2, ow2, co3, ci2)
-    s.parallel([n, oh0, co0], "core")
+    # reduce_rows: the h_inner rows of the accumulator tile share one pass over the reduction
+    # (one load of each weight tile for all rows, as VTA's classic schedule does) instead of
+    # one pass per row.
+    if s.knob("reduce_rows", (False, True)):
+        s.reorder(n, oh0, co0, ow0, co1, ci0, r, w, ci1, oh1, ow1, co2, ow2, co3, ci2)
+    else:
+        s.reorder(n, oh0, co0, ow0, co1, oh1, ci0, r, w, ci1, ow1, co2, ow2, co3, ci2)
+    # parallel_axes: which output-block loops are spread over the "core" level: all of them
+    # fused, or only the channel or only the row blocks (VTA's classic oc_nthread / h_nthread
+    # virtual threads).
+    axes = s.knob("parallel_axes", ("n_oh_co", "co", "oh"))
+    s.parallel({"n_oh_co": [n, oh0, co0], "co": [co0], "oh": [oh0]}[axes], "core")
     tile = s.parallel([ow0, co1], "subcore") or co1
     s.cache("C", "accumulator", at=tile)
     s.pack("A")

@@ -35,14 +35,20 @@ class CPULowering(Lowering):
             inner = ((kd, "i"),) + (((cd, "i"),) if p.k > 1 else ())
             return Blocked(blocks, ((kd, "o"), (cd, "o")) + tuple((d, "o") for d in spatial)
                            + inner)
-        if operand != "B":
-            return None
+        batch = ((0, "o"),) if nd == 3 else ()
+        kb = {p.k} - {1}
+        if operand == "A":
+            # A[M, K] -> A[M/mr, K/pk, mr, pk]: the rows of one accumulator tile are
+            # contiguous at each k (no 4 KiB aliasing between rows, one cache line per step).
+            md, kd = nd - 2, nd - 1
+            mr = ctx.tsl.knob_values.get("m_inner", 1) * p.m
+            blocks = {md: mr} | ({kd: p.k} if kb else {})
+            inner = ((md, "i"),) + (((kd, "i"),) if kb else ())
+            return Blocked(blocks, batch + ((md, "o"), (kd, "o")) + inner)
         nb = ctx.tsl.knob_values.get("n_inner", 1) * p.n if p.k == 1 else p.n
-        b = nd - 3
         kd, nd_ = (nd - 1, nd - 2) if op.params["transpose_b"] else (nd - 2, nd - 1)
-        blocks = {nd_: nb} | ({kd: p.k} if p.k > 1 else {})
-        batch = tuple((d, "o") for d in range(b + 1)) if nd == 3 else ()
-        inner = ((nd_, "i"),) + (((kd, "i"),) if p.k > 1 else ())
+        blocks = {nd_: nb} | ({kd: p.k} if kb else {})
+        inner = ((nd_, "i"),) + (((kd, "i"),) if kb else ())
         return Blocked(blocks, batch + ((nd_, "o"), (kd, "o")) + inner)
 
     def scope(self, level) -> str | None:
@@ -86,9 +92,30 @@ class CPULowering(Lowering):
         sch.tensorize(ctx.rv(inner[0]), self.how)
 
     def finalize(self, ctx: LowerContext) -> None:
+        sch = ctx.sch
         for name in ("C_init", "C_store"):
             if name in ctx.blocks:
-                self._vectorize_innermost(ctx.sch, ctx.blocks[name])
+                self._vectorize_innermost(sch, ctx.blocks[name])
+        # Whole-tensor stages before the main nest (the int8 -> uint8 shift, padding, packing
+        # of activations): one pass each, merged where possible, spread over the cores.
+        stages = [n for n in ("A_u8", "A_pad", "A_global") if self._has(sch, n)]
+        if len(stages) > 1 and stages[0] == "A_u8":
+            sch.compute_inline(sch.get_sblock("A_u8"))
+            stages = stages[1:]
+        for name in stages:
+            blk = sch.get_sblock(name)
+            loops = sch.get_loops(blk)
+            if len(loops) > 1:
+                sch.parallel(sch.fuse(*loops[:2]) if len(loops) > 2 else loops[0])
+            self._vectorize_innermost(sch, blk)
+
+    @staticmethod
+    def _has(sch, name: str) -> bool:
+        try:
+            sch.get_sblock(name)
+            return True
+        except Exception:  # noqa: BLE001 - s_tir raises its own error for a missing block
+            return False
 
     @staticmethod
     def _vectorize_innermost(sch, blk) -> None:
