@@ -71,7 +71,8 @@ def test_hand_computed_bits():
     assert encode(Load(Mem.INP, 1, 0, 0, 0, 0)) == (2 << 7) | (1 << 10)
     assert encode(Load(Mem.WGT, 0, 1, 1, 0, 0)) == (1 << 7) | (1 << 26) | (1 << 64)
     assert encode(Store(Mem.OUT, 0, 0, 0, 0, 1, x_pad1=15)) == 1 | 4 << 7 | 1 << 96 | 15 << 124
-    assert encode(Gemm(True, 1, 2, 0, 0, 0, 0, 0, 0, 0, 1)) == 2 | 1 << 7 | 1 << 8 | 2 << 21 | 1 << 118
+    assert encode(Gemm(True, 1, 2, 0, 0, 0, 0, 0, 0, 0, 1)) == \
+        2 | 1 << 7 | 1 << 8 | 2 << 21 | 1 << 118
     assert encode(Alu(0, 0, 0, 0, 0, 0, 0, 0, AluOp.SHR, True, -1)) == \
         4 | 3 << 108 | 1 << 111 | 0xFFFF << 112
     assert encode_uop(Uop(dst=1, src=1, wgt=1)) == 1 | 1 << 11 | 1 << 22

@@ -164,7 +164,8 @@ def ref_alu(op, x, y):
     if op == AluOp.SHR:
         r = x >> y if y >= 0 else x << -y
     else:
-        r = {AluOp.MIN: min, AluOp.MAX: max, AluOp.ADD: int.__add__, AluOp.MUL: int.__mul__}[op](x, y)
+        r = {AluOp.MIN: min, AluOp.MAX: max, AluOp.ADD: int.__add__,
+             AluOp.MUL: int.__mul__}[op](x, y)
     return (r + I32) % (1 << 32) - I32
 
 

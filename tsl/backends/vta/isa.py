@@ -154,13 +154,6 @@ _CLASS_BY_CODE = {int(op): cls for cls, op in _OPCODE.items()}
 _LOOP_ITER_BITS = 14  # VTA_LOOP_ITER_WIDTH
 
 
-def opcode(insn) -> Op:
-    try:
-        return _OPCODE[type(insn)]
-    except KeyError:
-        raise LoweringError(f"{insn!r} is not a VTA instruction") from None
-
-
 def elem_bytes(mem: Mem, config: VTAConfig = DEFAULT) -> int:
     """Bytes of one DRAM element of `mem`: the unit of dram_base and x_stride."""
     return {Mem.UOP: config.uop_bytes, Mem.INP: config.inp_entry_bytes,
@@ -200,7 +193,8 @@ _HEADER = [("opcode", 3, "uint"), ("pop_prev", 1, "bool"), ("pop_next", 1, "bool
 @functools.lru_cache(maxsize=None)
 def layout(cls, config: VTAConfig = DEFAULT) -> tuple[Field, ...]:
     """Fields of instruction class `cls` under `config`, header included."""
-    u, i, w, a = config.log_uop_depth, config.log_inp_depth, config.log_wgt_depth, config.log_acc_depth
+    c = config
+    u, i, w, a = c.log_uop_depth, c.log_inp_depth, c.log_wgt_depth, c.log_acc_depth
     loop = [("uop_bgn", u, "uint"), ("uop_end", u + 1, "uint"),
             ("iter_out", _LOOP_ITER_BITS, "uint"), ("iter_in", _LOOP_ITER_BITS, "uint"),
             ("dst_factor_out", a, "uint"), ("dst_factor_in", a, "uint"),
