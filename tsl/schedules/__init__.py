@@ -29,13 +29,15 @@ def _primitive(s: Schedule):
     return p
 
 
-def _reuse(mr: int, nr: int) -> float:
-    return mr * nr / (mr + nr)
+def _reuse(mi: float, ni: float) -> float:
+    """Primitive calls per operand block fed, for an mi x ni tile in primitive units: each
+    call reuses a block of A across ni calls and a block of B across mi calls."""
+    return mi * ni / (mi + ni)
 
 
 def _pick_acc_tile(s: Schedule, p, m_choices, n_choices, m_extent, n_extent):
     """(m_inner, n_inner) in primitive units: the accumulator tile with the most reuse that
-    fits the accumulator level (and the subcore count when tiles are spread over it)."""
+    fits the accumulator level, not needlessly larger than the operator."""
     acc = s.level("accumulator", "C")
     cap = acc.capacity if acc else 1 << 62
     ab = dtype_bytes(s.op.acc_dtype)
@@ -45,7 +47,7 @@ def _pick_acc_tile(s: Schedule, p, m_choices, n_choices, m_extent, n_extent):
             mr, nr = mi * p.m, ni * p.n
             if mr * nr * ab > cap or mr > max(m_extent, p.m) * 2 or nr > max(n_extent, p.n) * 2:
                 continue
-            key = (_reuse(min(mr, m_extent), min(nr, n_extent)), -mr * nr)
+            key = (_reuse(min(mr, m_extent) / p.m, min(nr, n_extent) / p.n), mr * nr)
             if best is None or key > best[0]:
                 best = (key, mi, ni)
     if best is None:
@@ -100,8 +102,11 @@ def schedule_gemm(s: Schedule) -> None:
     i0, i1, i2, i3 = s.tile(i, mr * m_outer, mr, p.m)
     j0, j1, j2, j3 = s.tile(j, nr * n_outer, nr, p.n)
     k0, k1, k2 = s.tile(k, k_inner * p.k, p.k)
-    s.reorder(*b, i0, j0, i1, j1, k0, k1, i2, j2, i3, j3, k2)
-    s.parallel(b + [i0, j0], "core")
+    # The operand whose panel is larger is the one kept resident: its block loop goes outer.
+    outer = s.knob("outer", ("n", "m"), "n" if nr * n_outer > mr * m_outer else "m")
+    blocks = [j0, i0] if outer == "n" else [i0, j0]
+    s.reorder(*b, *blocks, i1, j1, k0, k1, i2, j2, i3, j3, k2)
+    s.parallel(b + blocks, "core")
     tile = s.parallel([i1, j1], "subcore") or j1
     s.cache("C", "accumulator", at=tile)
     s.pack("A")

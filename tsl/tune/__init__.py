@@ -66,7 +66,8 @@ def features(s: Schedule) -> list[float]:
     par = math.prod(lp.extent for lp in s.loops if lp.parallel)
     cores = m.cores()
     balance = par / (math.ceil(par / cores) * cores) if par else 1.0
-    knob = [float(v) for _, v in sorted(s.knob_values.items())]
+    knob = [float(s.space[n].index(v)) if isinstance(v, (str, bool)) else float(v)
+            for n, v in sorted(s.knob_values.items())]
     return [math.log2(padded), balance] + [math.log2(1 + moved[lv.name]) for lv in m.memory] + knob
 
 
