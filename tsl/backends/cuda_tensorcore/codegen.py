@@ -11,11 +11,11 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from ...errors import BackendUnavailable, LoweringError
+from ...errors import BackendUnavailable, LoweringError, ScheduleError
 
 
 @dataclass(frozen=True)
@@ -24,12 +24,19 @@ class Kernel:
     source: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
-    dynamic_shared_bytes: int
+    dynamic_shared_bytes: int  # pass at launch (opt in above 48 KiB)
+    static_shared_bytes: int
+    fragment_bytes: int  # wmma fragments of one warp (registers)
     params: tuple[tuple[str, str], ...]  # (name, dtype) in launch order, inputs then output
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.dynamic_shared_bytes + self.static_shared_bytes
 
     def launch(self) -> dict:
         d = asdict(self)
         d.pop("source")
+        d["kernel"] = d.pop("name")
         return d
 
 
@@ -42,7 +49,6 @@ def target(arch: str):
 def generate(mod, machine) -> Kernel:
     """CUDA source and launch facts of the scheduled module `mod` for `machine`."""
     import tvm
-    import tvm_ffi
     from tvm import tirx
     from tvm.tirx.build import codegen_build, split_host_device_mods
 
@@ -54,37 +60,74 @@ def generate(mod, machine) -> Kernel:
             pipeline, _, finalize_device = tirx.get_default_tir_pipeline(tgt)
             _, devices = split_host_device_mods(pipeline(mod))
             dev = finalize_device()(next(iter(devices.values())))
+            kernel = _kernel(dev, "")
+            check_fits(kernel, machine)
             source = codegen_build(dev, tgt).inspect_source()
+    except (ScheduleError, LoweringError):
+        raise
     except Exception as e:  # noqa: BLE001 - TVM's error classes vary by pass
         from ...lower import _first_line
 
         raise LoweringError(f"CUDA code generation for {machine.name} failed: "
                             f"{_first_line(e)}") from e
+    return replace(kernel, source=source)
+
+
+def _kernel(dev, source: str) -> "Kernel":
+    """Launch facts and on-chip footprint of the one device function in `dev`."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
     funcs = list(dev.functions.items())
     if len(funcs) != 1:
         raise LoweringError(f"expected one CUDA kernel, got {[g.name_hint for g, _ in funcs]}: "
                             f"every stage must be bound to blocks and threads")
     gv, func = funcs[0]
-    extents = {"blockIdx.x": 1, "blockIdx.y": 1, "blockIdx.z": 1,
-               "threadIdx.x": 1, "threadIdx.y": 1, "threadIdx.z": 1}
-    dyn = [0]
+    extents = {f"{k}.{a}": 1 for k in ("blockIdx", "threadIdx") for a in "xyz"}
+    scopes: dict[str, int] = {}
 
     def on_attr(node):
         if node.attr_key == "thread_extent":
             extents[node.node.thread_tag] = int(node.value)
 
     def on_alloc(node):
-        if node.buffer.scope() == "shared.dyn":
-            n = 1
-            for d in node.buffer.shape:
-                n *= int(d)
-            dyn[0] = max(dyn[0], n * tvm.DataType(node.buffer.dtype).bits // 8)
+        n = tvm.DataType(node.buffer.dtype).bits // 8
+        for d in node.buffer.shape:
+            n *= int(d)
+        scope = node.buffer.scope()
+        scopes[scope] = scopes.get(scope, 0) + n
 
     tvm_ffi.structural_walk(func.body, [(tirx.AttrStmt, on_attr), (tirx.AllocBuffer, on_alloc)])
-    params = tuple((p.name, _pointee(p)) for p in func.params)
-    return Kernel(gv.name_hint, source,
-                  tuple(extents[f"blockIdx.{a}"] for a in "xyz"),
-                  tuple(extents[f"threadIdx.{a}"] for a in "xyz"), dyn[0], params)
+    fragments = sum(v for k, v in scopes.items() if k.startswith("wmma."))
+    return Kernel(gv.name_hint, source, tuple(extents[f"blockIdx.{a}"] for a in "xyz"),
+                  tuple(extents[f"threadIdx.{a}"] for a in "xyz"),
+                  scopes.get("shared.dyn", 0), scopes.get("shared", 0), fragments,
+                  tuple((p.name, _pointee(p)) for p in func.params))
+
+
+def check_fits(k: "Kernel", machine) -> None:
+    """ScheduleError when the kernel's shared memory, fragment registers or threads exceed the
+    machine (checked on the lowered TIR, before CUDA is generated)."""
+    smem = machine.levels("scratchpad")[0]
+    threads = k.block[0] * k.block[1] * k.block[2]
+    regs = k.fragment_bytes // 4 // 32  # 32-bit registers per thread
+    max_regs = int(machine.params.get("max_registers_per_thread", 255))
+    problems = []
+    if k.shared_bytes > smem.capacity:
+        problems.append(f"shared memory {k.shared_bytes} B ({k.dynamic_shared_bytes} B staged "
+                        f"tiles x pipeline stages + {k.static_shared_bytes} B epilogue tiles) "
+                        f"exceeds level {smem.name!r} ({smem.capacity} B) by "
+                        f"{k.shared_bytes - smem.capacity} B")
+    if regs > max_regs:
+        problems.append(f"fragments need {regs} registers per thread, over the "
+                        f"{max_regs} a thread can have")
+    if threads > int(machine.params.get("max_threads_per_block", 1024)):
+        problems.append(f"{threads} threads per block")
+    if problems:
+        raise ScheduleError(f"the schedule does not fit {machine.name}: " + "; ".join(problems)
+                            + ". Use smaller tiles (m_inner/n_inner/k_inner knobs) or fewer "
+                            "pipeline stages")
 
 
 def _pointee(var) -> str:
@@ -105,30 +148,28 @@ def require_nvcc() -> str:
     return path
 
 
-_PTXAS = re.compile(r"Used (\d+) registers")
+_REGS = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def compile_cuda(source: str, arch: str, kind: str = "ptx") -> tuple[bytes, dict]:
-    """nvcc `source` to "ptx" or "cubin" for `arch` (e.g. "sm_90"); returns the output and, for
-    a cubin, ptxas' resource report {registers, static_shared_bytes, spill_bytes}."""
+def compile_cuda(source: str, arch: str) -> tuple[str, bytes, dict]:
+    """nvcc `source` to PTX for `arch` (e.g. "sm_90"), then ptxas to a cubin. Returns (ptx,
+    cubin, ptxas' report {registers, static_shared_bytes, spill_bytes, log})."""
     exe = require_nvcc()
+    ptxas = str(Path(exe).with_name("ptxas"))
     with tempfile.TemporaryDirectory() as tmp:
-        cu, out = Path(tmp, "k.cu"), Path(tmp, f"k.{kind}")
+        cu, ptx, cubin = (Path(tmp, f"kernel.{x}") for x in ("cu", "ptx", "cubin"))
         cu.write_text(source)
-        cmd = [exe, f"-{kind}", f"-arch={arch}", "-O3", "-std=c++17", "-o", str(out), str(cu)]
-        if kind == "cubin":
-            cmd[3:3] = ["-Xptxas", "-v"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode:
-            raise LoweringError(f"nvcc -{kind} for {arch} failed:\n{res.stderr[-3000:]}")
-        report = {}
-        if kind == "cubin":
-            log = res.stderr + res.stdout
-            regs, smem, spill = _PTXAS.search(log), _SMEM.search(log), _SPILL.search(log)
-            report = {"registers": int(regs.group(1)) if regs else 0,
-                      "static_shared_bytes": int(smem.group(1)) if smem else 0,
-                      "spill_bytes": sum(map(int, spill.groups())) if spill else 0,
-                      "log": log.strip()}
-        return out.read_bytes(), report
+        for cmd in ([exe, "-ptx", f"-arch={arch}", "-O3", "-std=c++17", "-o", str(ptx), str(cu)],
+                    [ptxas, "-v", f"-arch={arch}", "-O3", "-o", str(cubin), str(ptx)]):
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode:
+                raise LoweringError(f"{Path(cmd[0]).name} for {arch} failed:\n"
+                                    f"{res.stderr[-3000:]}")
+        log = (res.stderr + res.stdout).strip()
+        regs, smem, spill = _REGS.search(log), _SMEM.search(log), _SPILL.search(log)
+        report = {"registers": int(regs.group(1)) if regs else 0,
+                  "static_shared_bytes": int(smem.group(1)) if smem else 0,
+                  "spill_bytes": sum(map(int, spill.groups())) if spill else 0, "log": log}
+        return ptx.read_text(), cubin.read_bytes(), report

@@ -1,14 +1,15 @@
 """How the shared schedule's steps become s_tir calls for WMMA Tensor Cores.
 
-    parallel(.., "core")        -> blockIdx.x          parallel(.., "subcore") -> threadIdx.y (warps)
+    parallel(.., "core")        -> blockIdx.x (blocks)   parallel(.., "subcore") -> threadIdx.y
     cache(X, "scratchpad")      -> shared.dyn tile, filled by all warps with 16-byte vector loads
     cache(X, "operand")         -> wmma.matrix_a / wmma.matrix_b fragments (wmma.load_matrix_sync)
-    cache("C", "accumulator")   -> wmma.accumulator fragments, stored through shared memory so the
-                                   epilogue and the global store are coalesced, vectorized loads
+    cache("C", "accumulator")   -> wmma.accumulator fragments; each 16x16 fragment goes out
+                                   through a static shared tile, so the fused epilogue reads it
+                                   and writes global memory with 16-byte vector stores
     pipeline(k, n)              -> software pipeline over k with cp.async for the shared tiles
     tensorize                   -> wmma.mma_sync m16n16k16 (fill / load / store intrinsics around)
 
-Every shared tile is stored "16-blocked": its innermost dimension x becomes (x // 16, ..., x % 16),
+Every staged A/B tile is stored "16-blocked": its innermost dimension x becomes (x // 16, ..., x % 16),
 so each 16x16 fragment is one contiguous, 256-bit aligned block of shared memory. That is what
 wmma.load_matrix_sync needs (aligned pointer, ldm = 16) and it reads without bank conflicts.
 """
@@ -85,6 +86,12 @@ class TensorCoreLowering(Lowering):
             raise LoweringError(f"tensorize({loop.name}) on {self.machine.name} needs A and B "
                                 f"staged in the scratchpad and operand levels and C in the "
                                 f"accumulator level (cache(...)); missing: {missing}")
+        if op.name == "conv2d":
+            raise LoweringError(
+                f"conv2d on {self.machine.name}: the implicit-GEMM lowering is not done yet (the "
+                f"kernel-window offset of an A fragment, r + p and s + q, is not a multiple of "
+                f"16, which wmma tensorization needs; an im2col reindex of A is the way). "
+                f"matmul, batch_matmul and dense build")
         dt, acc = op.dtype, op.acc_dtype
         b_col = bool(op.params.get("transpose_b"))  # B given as [N, K]: column-major fragments
         k_outer = next(lp for lp in s.loops if s.role_of(lp.axes[0]) == "k")

@@ -1,0 +1,135 @@
+"""The Tensor Core back end: TAM files, CUDA generation, PTX checks for sm_80 and sm_90 (nvcc),
+export, estimate; numerics where there is a GPU."""
+
+import json
+from functools import cache
+
+import numpy as np
+import pytest
+
+import tsl
+from tsl.backends.cuda_tensorcore import backend, codegen, runtime
+
+ARCHS = ("sm_80", "sm_90")
+needs_nvcc = pytest.mark.skipif(codegen.nvcc() is None, reason="nvcc not found")
+needs_gpu = pytest.mark.skipif(runtime.gpu_missing() is not None, reason="no CUDA GPU")
+
+# Every operator x dtype of the default suite, at sizes that compile quickly.
+SUITE = {
+    "matmul-f16": lambda: tsl.ops.matmul(512, 256, 512, dtype="float16"),
+    "matmul-bf16": lambda: tsl.ops.matmul(256, 256, 256, dtype="bfloat16"),
+    "matmul-s8": lambda: tsl.ops.matmul(256, 256, 512, dtype="int8"),
+    "batch_matmul-f16": lambda: tsl.ops.batch_matmul(3, 128, 128, 256, dtype="float16"),
+    "dense-f16-bias-relu": lambda: tsl.ops.dense(128, 768, 768, dtype="float16",
+                                                 epilogue=tsl.ops.bias() + tsl.ops.relu()),
+}
+
+
+@cache
+def built(name: str, machine: str = "tensorcore-sm90"):
+    return tsl.build(SUITE[name](), target=machine)
+
+
+@pytest.mark.parametrize("name,sms,smem,peak", [("tensorcore-sm80", 108, 163 * 1024, 3.119e14),
+                                                ("tensorcore-sm90", 132, 227 * 1024, 9.894e14)])
+def test_tam_files(name, sms, smem, peak):
+    m = tsl.load_machine(name)
+    assert m.backend == "cuda_tensorcore" and m.cores() == sms
+    assert m.compute_level("subcore").bind == "threadIdx.y"
+    assert m.levels("scratchpad")[0].capacity == smem
+    assert m.peak("float16") == peak and m.peak("int8") == 2 * peak
+    for dt, acc in (("float16", "float32"), ("bfloat16", "float32"), ("int8", "int32")):
+        p = m.primitive(dt)
+        assert p.shape == (16, 16, 16) and p.acc_dtype == acc
+    assert m.params["cp_async"] and m.params["mma_shapes"]["tf32"] == "m16n8k8"
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_cuda_source(name):
+    art = built(name)
+    src = art.source()
+    assert "nvcuda::wmma::mma_sync" in src and "cp.async" in src
+    assert "extern __shared__" in src                     # staged tiles: dynamic shared memory
+    k = art.kernel
+    assert k.block == (32, 4, 1) and k.grid[0] >= 1
+    assert [p[1] for p in k.params][:2] == [art.op.dtype] * 2
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", SUITE)
+def test_ptx_and_resources(name, arch):
+    art = built(name, "tensorcore-sm80" if arch == "sm_80" else "tensorcore-sm90")
+    ins = art.instructions(arch)
+    assert ins["wmma.mma"] > 0 and ins["wmma.load"] > 0 and ins["cp.async"] > 0
+    res = art.resources(arch)
+    assert 0 < res["registers"] <= art.machine.params["max_registers_per_thread"]
+    assert res["static_shared_bytes"] == art.kernel.static_shared_bytes    # ptxas == TIR
+    assert res["shared_bytes"] <= art.machine.levels("scratchpad")[0].capacity
+    ok, summary = art.check(arch)
+    assert ok, summary
+
+
+def test_unpipelined_schedule_has_no_cp_async():
+    art = tsl.build(SUITE["matmul-f16"](), "tensorcore-sm90", knobs={"stages": 1})
+    assert "cp.async" not in art.source() and not art.pipelined
+
+
+def test_too_much_shared_memory_is_a_schedule_error():
+    op = tsl.ops.matmul(4096, 4096, 4096, dtype="float16")
+    with pytest.raises(tsl.ScheduleError, match="smem"):
+        tsl.build(op, "tensorcore-sm80", knobs={"k_inner": 16, "stages": 2})
+
+
+def test_conv2d_is_refused_clearly():
+    op = tsl.ops.conv2d(1, 32, 8, 8, 32, 3, 3, padding=1, layout="NHWC", dtype="float16")
+    with pytest.raises(tsl.LoweringError, match="implicit-GEMM"):
+        tsl.build(op, "tensorcore-sm90")
+
+
+@needs_nvcc
+def test_export(tmp_path):
+    art = built("dense-f16-bias-relu")
+    path = art.export(tmp_path / "dense")
+    meta = json.loads((path / "kernel.json").read_text())
+    assert meta["kernel"] == art.kernel.name and meta["arch"] == "sm_90"
+    assert meta["grid"] == list(art.kernel.grid) and meta["block"] == [32, 4, 1]
+    assert meta["dynamic_shared_bytes"] == art.kernel.dynamic_shared_bytes > 48 * 1024
+    assert [p["role"] for p in meta["params"]] == ["A", "B", "bias", "out"]
+    assert meta["params"][-1]["dtype"] == "float32"
+    assert (path / meta["ptx"]).read_text().startswith("//")
+    assert (path / meta["cubin"]).stat().st_size > 0
+
+
+def test_estimate_and_benchmark():
+    art = built("matmul-f16")
+    est = art.estimate()
+    assert 0 < est.seconds and est.flops == 2 * 512 * 256 * 512
+    assert est.occupancy > 0 and "roofline on tensorcore-sm90" in str(est)
+    row = art.benchmark()
+    assert row["baseline"] == "cuBLAS model (80% of peak)" and row["speedup"] > 0
+    assert row["ptx_ok"] == (codegen.nvcc() is not None)
+
+
+def test_bench_suite():
+    ops = backend.bench_suite(quick=False)
+    assert {op.name for op in ops} == {"matmul", "dense", "conv2d"}
+    assert {op.dtype for op in ops} == {"float16", "bfloat16", "int8"}
+    assert "128x768x768" in {op.shape_str for op in ops}
+    assert 2 <= len(backend.bench_suite(True)) <= 3
+
+
+@pytest.mark.skipif(runtime.gpu_missing() is None, reason="a CUDA GPU is present")
+def test_run_without_gpu_is_backend_unavailable():
+    art = built("matmul-f16")
+    with pytest.raises(tsl.BackendUnavailable, match="no CUDA GPU"):
+        art.run(*art.op.random_inputs(0))
+
+
+@needs_gpu
+@needs_nvcc
+@pytest.mark.parametrize("name", SUITE)
+def test_numerics_on_gpu(name):
+    art = built(name)
+    ok, err = art.verify(seed=int(np.random.default_rng().integers(1 << 30)))
+    assert ok, err

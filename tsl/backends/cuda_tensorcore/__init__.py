@@ -1,0 +1,43 @@
+"""The Tensor Core back end: WMMA m16n16k16 (fp16/bf16 -> fp32, int8 -> int32) through TVM's CUDA
+code generator, shared-memory staging with cp.async pipelining, PTX/cubin through nvcc.
+
+Building needs no GPU (nor nvcc: the CUDA source is TVM's); `.ptx()`, `.resources()` and
+`.export()` need nvcc; `.run()` needs an NVIDIA GPU and CuPy.
+"""
+
+from __future__ import annotations
+
+from ...backend import Backend
+from ...lower import lower
+from ...ops import bias, conv2d, dense, matmul, relu
+from . import codegen
+from .lowering import TensorCoreLowering
+from .runtime import TensorCoreArtifact
+
+
+class TensorCoreBackend(Backend):
+    name = "cuda_tensorcore"
+    default_machine = "tensorcore-sm90"
+
+    def unavailable(self, machine) -> str | None:
+        return None  # CUDA source is generated without a GPU; nvcc is checked where needed
+
+    def build(self, schedule, **options) -> TensorCoreArtifact:
+        ctx = lower(schedule, TensorCoreLowering(schedule.machine, schedule.primitive))
+        return TensorCoreArtifact(schedule, ctx, codegen.generate(ctx.sch.mod, schedule.machine))
+
+    def bench_suite(self, quick: bool) -> list:
+        """fp16 GEMMs (large, and BERT-base's at sequence 128), bf16 and int8 GEMMs, a ResNet
+        3x3 conv2d in NHWC."""
+        bert = [dense(128, k, n, dtype="float16", epilogue=bias() + relu() if n == 3072 else None)
+                for n, k in ((768, 768), (3072, 768), (768, 3072), (2304, 768))]
+        if quick:
+            return [matmul(4096, 4096, 4096, dtype="float16"), bert[1],
+                    conv2d(8, 64, 56, 56, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")]
+        return ([matmul(n, n, n, dtype="float16") for n in (4096, 8192)] + bert
+                + [matmul(4096, 4096, 4096, dtype="bfloat16"),
+                   matmul(4096, 4096, 4096, dtype="int8"),
+                   conv2d(8, 64, 56, 56, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")])
+
+
+backend = TensorCoreBackend()

@@ -1,0 +1,291 @@
+"""The Tensor Core artifact: CUDA source, PTX and resources, export, estimate, and running
+through CuPy where there is an NVIDIA GPU.
+
+`CupyKernel` launches an exported kernel from its directory (cubin or PTX + kernel.json) with
+nothing but NumPy and CuPy: `benchmarks/tensorcore_cupy.py` uses it on a GPU machine without TVM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from ...artifact import Artifact
+from ...errors import BackendUnavailable, LoweringError
+from ...ops.operator import np_dtype
+from . import codegen
+
+CUBLAS_FRACTION = 0.8  # large, aligned cuBLAS GEMMs reach ~80% of dense peak on H100
+INSTRUCTIONS = {"wmma.mma": r"wmma\.mma\.sync", "mma.sync": r"\bmma\.sync\.aligned",
+                "wmma.load": r"wmma\.load", "ldmatrix": r"ldmatrix",
+                "cp.async": r"cp\.async\.c[ag]"}
+
+
+def gpu_missing() -> str | None:
+    """Why kernels cannot run here (None when CuPy sees a CUDA GPU)."""
+    try:
+        import cupy
+    except ImportError:
+        return "no CUDA GPU runtime: CuPy is not installed (pip install cupy-cuda12x)"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return None
+    except Exception:  # noqa: BLE001 - CuPy raises CUDARuntimeError without a driver
+        pass
+    return "no CUDA GPU on this machine (CuPy finds no device)"
+
+
+class CupyKernel:
+    """A kernel loaded from an export directory, launched with CuPy arrays or NumPy arrays."""
+
+    def __init__(self, path: str | Path):
+        import cupy
+
+        path = Path(path)
+        self.meta = json.loads((path / "kernel.json").read_text())
+        arch = f"sm_{cupy.cuda.Device().compute_capability}"
+        image = path / self.meta["cubin"] if self.meta["arch"] == arch else path / self.meta["ptx"]
+        self.function = cupy.RawModule(path=str(image)).get_function(self.meta["kernel"])
+        dyn = self.meta["dynamic_shared_bytes"]
+        if dyn > 48 * 1024:
+            self.function.max_dynamic_shared_size_bytes = dyn
+
+    def output(self):
+        import cupy
+
+        out = self.meta["params"][-1]
+        return cupy.empty(tuple(out["shape"]), dtype=np_dtype(out["dtype"]))
+
+    def __call__(self, *args) -> None:
+        """Launch on device arrays: the inputs, then the output (in `params` order)."""
+        m = self.meta
+        self.function(tuple(m["grid"]), tuple(m["block"]), args,
+                      shared_mem=m["dynamic_shared_bytes"])
+
+
+@dataclass
+class Estimate:
+    """A roofline estimate from the TAM, with the kernel's on-chip footprint and occupancy."""
+
+    machine: str
+    flops: float
+    padded_flops: float
+    peak: float  # operations per second for the operator's dtype
+    bandwidth: float  # HBM bytes per second
+    hbm_bytes: int
+    blocks: int
+    threads: int
+    shared_bytes: int
+    registers: int
+    registers_from: str  # "ptxas" or "fragments" (an estimate without nvcc)
+    blocks_per_sm: int
+    sms: int
+    max_warps: int
+
+    @property
+    def waves(self) -> float:
+        return self.blocks / (self.sms * max(self.blocks_per_sm, 1))
+
+    @property
+    def wave_efficiency(self) -> float:
+        return self.waves / math.ceil(self.waves)
+
+    @property
+    def compute_seconds(self) -> float:
+        return self.padded_flops / (self.peak * self.wave_efficiency)
+
+    @property
+    def memory_seconds(self) -> float:
+        return self.hbm_bytes / self.bandwidth
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_seconds, self.memory_seconds)
+
+    @property
+    def occupancy(self) -> float:
+        return self.blocks_per_sm * self.threads / 32 / self.max_warps
+
+    def __str__(self) -> str:
+        bound = "compute" if self.compute_seconds >= self.memory_seconds else "memory"
+        return "\n".join([
+            f"roofline on {self.machine}: {self.seconds * 1e6:.1f} us ({bound}-bound), "
+            f"{self.flops / self.seconds / 1e12:.1f} TFLOP/s = "
+            f"{100 * self.flops / self.seconds / self.peak:.0f}% of {self.peak / 1e12:.0f} peak",
+            f"  compute {self.compute_seconds * 1e6:.1f} us ({self.padded_flops / 1e9:.2f} "
+            f"GFLOP after padding, {self.blocks} blocks = {self.waves:.2f} waves, "
+            f"{100 * self.wave_efficiency:.0f}% of the last wave busy)",
+            f"  memory  {self.memory_seconds * 1e6:.1f} us ({self.hbm_bytes / 1e6:.1f} MB from "
+            f"HBM at {self.bandwidth / 1e12:.2f} TB/s: each wave reads the panels it tiles once)",
+            f"  per block: {self.threads} threads, {self.shared_bytes / 1024:.1f} KiB shared, "
+            f"{self.registers} registers/thread ({self.registers_from}); {self.blocks_per_sm} "
+            f"block(s)/SM, occupancy {100 * self.occupancy:.0f}%"])
+
+
+class TensorCoreArtifact(Artifact):
+    target = "cuda_tensorcore"
+
+    def __init__(self, schedule, ctx, kernel: codegen.Kernel):
+        super().__init__(schedule, ctx)
+        self.kernel = kernel
+        self._compiled: dict[str, tuple] = {}
+
+    @property
+    def arch(self) -> str:
+        return self.machine.params["arch"]
+
+    # -- code -------------------------------------------------------------------------------
+    def source(self) -> str:
+        """The CUDA C++ source TVM generated."""
+        return self.kernel.source
+
+    def _compile(self, arch: str | None = None) -> tuple[str, bytes, dict]:
+        arch = arch or self.arch
+        if arch not in self._compiled:
+            self._compiled[arch] = codegen.compile_cuda(self.kernel.source, arch)
+        return self._compiled[arch]
+
+    def ptx(self, arch: str | None = None) -> str:
+        """PTX for `arch` (default: the machine's) through nvcc; BackendUnavailable without."""
+        return self._compile(arch)[0]
+
+    def resources(self, arch: str | None = None) -> dict:
+        """ptxas' report (registers, static shared bytes, spills) with the launch's dynamic
+        shared memory and whether it all fits the machine."""
+        rep = dict(self._compile(arch)[2])
+        k, m = self.kernel, self.machine
+        threads = math.prod(k.block)
+        rep.update(dynamic_shared_bytes=k.dynamic_shared_bytes, threads=threads,
+                   shared_bytes=k.dynamic_shared_bytes + rep["static_shared_bytes"])
+        rep["fits"] = (rep["registers"] <= m.params["max_registers_per_thread"]
+                       and rep["registers"] * threads <= m.params["registers_per_sm"]
+                       and rep["shared_bytes"] <= m.levels("scratchpad")[0].capacity)
+        return rep
+
+    def instructions(self, arch: str | None = None) -> dict[str, int]:
+        """How often each Tensor Core / async-copy instruction occurs in the PTX."""
+        text = self.ptx(arch)
+        return {name: len(re.findall(pat, text)) for name, pat in INSTRUCTIONS.items()}
+
+    @cached_property
+    def pipelined(self) -> bool:
+        return (any(lp.stages > 1 for lp in self.schedule.loops)
+                and bool(self.machine.params.get("cp_async")))
+
+    def check(self, arch: str | None = None) -> tuple[bool, str]:
+        """(ok, summary): the PTX has the mma instructions (and cp.async when pipelined) and
+        ptxas' resources fit the machine."""
+        ins, res = self.instructions(arch), self.resources(arch)
+        mma = ins["wmma.mma"] + ins["mma.sync"]
+        ok = mma > 0 and (ins["cp.async"] > 0 or not self.pipelined) and res["fits"]
+        return ok, (f"wmma.mma x{ins['wmma.mma']}, wmma.load x{ins['wmma.load']}, cp.async "
+                    f"x{ins['cp.async']}; {res['registers']} regs, {res['shared_bytes']} B "
+                    f"shared, {res['spill_bytes']} B spills ({arch or self.arch})")
+
+    def export(self, path) -> Path:
+        """Write kernel.cu, the PTX and cubin for the machine's arch, and kernel.json with
+        everything CuPy's RawModule needs to launch it (name, grid, block, dynamic shared
+        memory, parameters in order with shapes and dtypes)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        ptx, cubin, rep = self._compile()
+        (path / "kernel.cu").write_text(self.kernel.source)
+        (path / f"kernel_{self.arch}.ptx").write_text(ptx)
+        (path / f"kernel_{self.arch}.cubin").write_bytes(cubin)
+        big = self.ctx.op
+        tensors = list(big.inputs) + [big.output]
+        if [n for n, _ in self.kernel.params] != [f"{t.name}_ptr" for t in tensors]:
+            raise LoweringError(f"kernel parameters {self.kernel.params} are not the operator's "
+                                f"tensors {[t.name for t in tensors]} in order")
+        meta = self.kernel.launch() | {
+            "arch": self.arch, "machine": self.machine.name, "operator": str(self.op),
+            "ptx": f"kernel_{self.arch}.ptx", "cubin": f"kernel_{self.arch}.cubin",
+            "params": [{"name": name, "dtype": t.dtype, "shape": list(t.shape), "role": t.role}
+                       for (name, _), t in zip(self.kernel.params, tensors)],
+            "shapes": {t.name: list(t.shape) for t in list(self.op.inputs) + [self.op.output]},
+            "op": {"name": self.op.name, "dtype": self.op.dtype,
+                   "transpose_b": bool(self.op.params.get("transpose_b")),
+                   "epilogue": [step.kind for step in self.op.epilogue.steps]},
+            "flops": 2 * self.op.macs,
+            "resources": {k: v for k, v in rep.items() if k != "log"}}
+        (path / "kernel.json").write_text(json.dumps(meta, indent=1))
+        return path
+
+    # -- running ----------------------------------------------------------------------------
+    def _execute(self, packed):
+        why = gpu_missing()
+        if why:
+            raise BackendUnavailable(f"cannot run {self.op} on {self.machine.name}: {why}. The "
+                                     f"kernel still builds here: see .source(), .ptx(), "
+                                     f".export(path) and .estimate()")
+        import tempfile
+
+        import cupy
+
+        with tempfile.TemporaryDirectory() as tmp:
+            kern = CupyKernel(self.export(tmp))
+        args = [cupy.asarray(x) for x in packed]
+        out = kern.output()
+        kern(*args, out)
+        return cupy.asnumpy(out)
+
+    # -- cost -------------------------------------------------------------------------------
+    def estimate(self) -> Estimate:
+        m, k = self.machine, self.kernel
+        big = self.ctx.op
+        threads = math.prod(k.block)
+        try:
+            regs, src = self.resources()["registers"], "ptxas"
+        except BackendUnavailable:
+            regs, src = k.fragment_bytes // 128 + 32, "fragments"
+        per_block = k.dynamic_shared_bytes + k.static_shared_bytes + 1024  # 1 KiB reserved
+        by_smem = int(m.params["smem_per_sm"]) // per_block
+        by_regs = int(m.params["registers_per_sm"]) // max(regs * threads, 1)
+        by_warps = int(m.params["max_warps_per_sm"]) // max(threads // 32, 1)
+        per_sm = max(min(by_smem, by_regs, by_warps), 1)
+        return Estimate(m.name, 2.0 * self.op.macs, 2.0 * big.macs, m.peak(big.dtype),
+                        float(m.params["hbm_bytes_per_s"]), self._hbm_bytes(per_sm * m.cores()),
+                        math.prod(k.grid), threads, k.dynamic_shared_bytes + k.static_shared_bytes,
+                        regs, src, per_sm, m.cores(), int(m.params["max_warps_per_sm"]))
+
+    def _hbm_bytes(self, resident: int) -> int:
+        """Blocks run in waves of `resident` (SMs x blocks per SM) in launch order; the L2
+        cache lets a wave read each A row-panel and B column-panel it touches once."""
+        s, big = self.schedule, self.ctx.op
+        ext = s.padded_extents()
+        block = {a: 1 for a in ext}
+        core = next((i for i, lp in enumerate(s.loops) if lp.parallel
+                     and s.machine.compute_level(lp.parallel).role == "core"), -1)
+        for lp in s.loops[core + 1:]:
+            for part in lp.parts or (lp,):
+                block[part.axes[0]] *= part.extent
+        cols = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) == "n")
+        rows = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) in ("m", "b"))
+        size = {t.role: math.prod(t.shape) * np.dtype(np_dtype(t.dtype)).itemsize
+                for t in list(big.inputs) + [big.output]}
+        waves = math.ceil(rows * cols / resident)
+        per_wave = (min(rows, math.ceil(resident / cols)) * size["A"] / rows
+                    + min(cols, resident) * size["B"] / cols)
+        reread = size["A"] * cols + size["B"] * rows
+        once = size["A"] + size["B"]
+        return int(max(once, min(reread, waves * per_wave)) + size["out"] + size.get("bias", 0))
+
+    def benchmark(self) -> dict:
+        """Without a GPU: the estimate against a cuBLAS model, and the PTX checks."""
+        est = self.estimate()
+        peak_s = max(est.flops / (CUBLAS_FRACTION * est.peak), est.memory_seconds)
+        try:
+            ok, checks = self.check()
+        except BackendUnavailable as e:
+            ok, checks = False, f"not compiled: {e}"
+        return {"seconds": est.seconds, "rate": est.flops / est.seconds,
+                "pct_peak": 100 * est.flops / est.seconds / est.peak,
+                "baseline": f"cuBLAS model ({100 * CUBLAS_FRACTION:.0f}% of peak)",
+                "baseline_seconds": peak_s, "speedup": peak_s / est.seconds, "ptx_ok": ok,
+                "checks": checks, "estimated": True}
