@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import cache
 
 import numpy as np
 
@@ -45,19 +46,24 @@ def median_seconds(f, repeat: int = 7) -> float:
 
 def numpy_baseline(op) -> tuple[str, float]:
     """(name, ops per second) of NumPy's float32 matmul with the operator's MAC count and GEMM
-    shape (conv2d: its im2col GEMM, the im2col itself not counted)."""
+    shape (conv2d: its im2col GEMM, the im2col itself not counted). Measured once per shape:
+    `python -m tsl.bench` measures every baseline of a suite before the first tsl kernel, since
+    OpenBLAS' and TVM's worker threads spin after a call and slow whoever runs next."""
     if op.name == "conv2d":
         n, c, h, w, k, r, s = op.params["shape"]
         out = op.output.shape
         pix = out[0] * (out[2] * out[3] if op.params["layout"] == "NCHW" else out[1] * out[2])
         shape, name = (pix, k, c * r * s), "numpy im2col-gemm f32"
     else:
-        m, nn, kk = op.params["shape"][-3:]
-        shape, name = (m, nn, kk), "numpy f32"
+        shape, name = op.params["shape"][-3:], "numpy f32"
     batch = op.params["shape"][0] if op.name == "batch_matmul" else 1
+    return name, 2 * op.macs / _matmul_seconds(batch, *shape)
+
+
+@cache
+def _matmul_seconds(batch: int, m: int, n: int, k: int) -> float:
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((batch, shape[0], shape[2]), dtype=np.float32)
-    b = rng.standard_normal((batch, shape[2], shape[1]), dtype=np.float32)
+    a = rng.standard_normal((batch, m, k), dtype=np.float32)
+    b = rng.standard_normal((batch, k, n), dtype=np.float32)
     np.matmul(a, b)
-    sec = median_seconds(lambda: np.matmul(a, b))
-    return name, 2 * op.macs / sec
+    return median_seconds(lambda: np.matmul(a, b))
