@@ -1,0 +1,295 @@
+"""Running a TPU artifact on XLA's CPU client (jaxlib), and its performance estimate from the TAM.
+
+No TPU is needed: XLA:CPU executes the emitted program for numerics (its timing says nothing
+about a TPU, so nothing here measures time); the estimate is a roofline of the schedule on the
+machine file. jax/jaxlib is optional: without it an artifact still has its StableHLO text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...artifact import Artifact
+from ...errors import BackendUnavailable, LoweringError, ScheduleError
+from ...ops.operator import Operator
+from ...primitives.schedule import Schedule
+from ...tam.machine import Machine, dtype_bytes
+from . import codegen
+
+INSTALL_HINT = 'pip install -e ".[tpu]" (or pip install "jax[cpu]")'
+
+
+def _jax():
+    try:
+        import jax
+        import jax.extend  # noqa: F401 - registers jax.extend.backend
+        from jaxlib import xla_client
+    except ImportError as e:
+        raise BackendUnavailable(f"running or converting XLA programs needs jax and jaxlib, "
+                                 f"which cannot be imported here ({e}); install them with "
+                                 f"{INSTALL_HINT}") from None
+    return jax, xla_client
+
+
+def to_hlo(stablehlo: str) -> str:
+    """Classic HLO text of a StableHLO module, by XLA's own converter."""
+    _, xc = _jax()
+    return xc._xla.mlir.mlir_module_to_xla_computation(stablehlo).as_hlo_text()
+
+
+class Program:
+    """A StableHLO module compiled for XLA:CPU. XLA does not check layouts when it runs: a
+    buffer in another layout than the parameter's is silently reinterpreted. So the layouts
+    the entry declares are read back from the compiled executable, inputs are placed in them,
+    and any disagreement between the three is an error."""
+
+    def __init__(self, text: str):
+        jax, xc = _jax()
+        self._jax = jax
+        be = jax.extend.backend.get_backend("cpu")
+        self.device = be.local_devices()[0]
+        try:
+            self.exe = be.compile_and_load(text, xc.DeviceList((self.device,)),
+                                           xc.CompileOptions())
+        except Exception as e:  # noqa: BLE001 - XLA raises its own runtime errors
+            raise LoweringError(f"XLA rejected the emitted program: {e}") from e
+        self.layouts = [_minor_to_major(lay) for lay in self.exe.get_parameter_layouts()]
+        declared = declared_layouts(text)
+        if declared != self.layouts:
+            raise LoweringError(f"the program declares parameter layouts {declared} but XLA "
+                                f"compiled it for {self.layouts}")
+
+    def __call__(self, arrays) -> np.ndarray:
+        from jax.experimental.layout import Format, Layout
+        from jax.sharding import SingleDeviceSharding
+
+        bufs = []
+        for i, (x, m2m) in enumerate(zip(arrays, self.layouts)):
+            major = tuple(reversed(m2m))
+            b = self._jax.device_put(x, Format(Layout(major_to_minor=major),
+                                               SingleDeviceSharding(self.device)))
+            if tuple(b.format.layout.major_to_minor) != major:
+                raise LoweringError(f"input {i} was placed in layout {b.format.layout}, not the "
+                                    f"{m2m} (minor to major) the program declares")
+            bufs.append(b)
+        outs = self.exe.execute_sharded(bufs).disassemble_into_single_device_arrays()
+        return np.asarray(outs[0][0])
+
+    def cost(self) -> dict:
+        """XLA's cost analysis; note that it counts the body of a while loop once."""
+        return dict(self.exe.cost_analysis())
+
+
+def _minor_to_major(layout) -> tuple[int, ...]:
+    return tuple(int(d) for d in re.findall(r"\d+", str(layout).split(":")[0]))
+
+
+def declared_layouts(text: str) -> list[tuple[int, ...]]:
+    """The minor-to-major layouts `main`'s parameters declare (mhlo.layout_mode)."""
+    head = next(ln for ln in text.splitlines() if "@main(" in ln)
+    params = head.split("@main(", 1)[1].split(") ->", 1)[0]
+    return [tuple(int(d) for d in re.findall(r"\d+", m))
+            for m in re.findall(r'layout_mode = "\{([\d,]*)\}"', params)]
+
+
+# -- the estimate ---------------------------------------------------------------------------------
+@dataclass
+class Estimate:
+    """A roofline of the schedule on the TAM (no measurement). Movement overlaps compute only
+    where the schedule pipelines it; then the first tiles' load and the last tile's store are
+    the pipeline's fill."""
+
+    machine: str
+    macs: int
+    padded_macs: int
+    mxu_passes: int
+    dot_trips: int  # iterations of the while loops around the program's dot_generals
+    hbm_bytes: int
+    vmem_bytes: int
+    vmem_budget: int
+    mxu_s: float
+    vpu_s: float
+    memory_s: float
+    fill_s: float
+    seconds: float
+    peak: float  # operations per second of the operands' dtype
+    pipelined: bool
+    stages: list = field(default_factory=list)
+
+    @property
+    def flops(self) -> int:
+        """Operations the program performs (padding included), a MAC being two."""
+        return 2 * self.padded_macs
+
+    @property
+    def waste(self) -> float:
+        return 1 - self.macs / self.padded_macs
+
+    @property
+    def utilization(self) -> float:
+        """Fraction of the time the MXUs are busy (padding passes included)."""
+        return self.mxu_s / self.seconds
+
+    @property
+    def pct_peak(self) -> float:
+        """Useful operations per second as a percentage of the machine's peak."""
+        return 100 * 2 * self.macs / self.seconds / self.peak
+
+    def __str__(self) -> str:
+        lines = [f"estimate on {self.machine}: {self.seconds * 1e6:.1f} us, MXU utilization "
+                 f"{100 * self.utilization:.1f}%, {self.pct_peak:.1f}% of peak",
+                 f"  MXU passes {self.mxu_passes:,} ({self.padded_macs:,} MACs, "
+                 f"{100 * self.waste:.1f}% padding waste): {self.mxu_s * 1e6:.1f} us",
+                 f"  HBM traffic (the schedule's reuse) {self.hbm_bytes / 1e6:.2f} MB: "
+                 f"{self.memory_s * 1e6:.1f} us",
+                 f"  VPU epilogue {self.vpu_s * 1e6:.1f} us",
+                 f"  VMEM footprint {self.vmem_bytes / 2**20:.2f} MiB of "
+                 f"{self.vmem_budget / 2**20:.0f} MiB",
+                 f"  pipelined: max(compute, movement) + fill ({self.fill_s * 1e6:.1f} us)"
+                 if self.pipelined else "  not pipelined: compute + movement"]
+        return "\n".join(lines + [f"  {s}" for s in self.stages])
+
+
+def _loads(s: Schedule, at) -> int:
+    """How many times a tile staged at loop `at` is moved: the iterations of `at` and of every
+    loop outside it."""
+    return math.prod(lp.extent for lp in s.loops[:s.loops.index(at) + 1])
+
+
+def _bytes(op: Operator, role: str) -> int:
+    t = op.output if role == "out" else op.input(role)
+    return math.ceil(math.prod(t.shape) * dtype_bytes(t.dtype))
+
+
+def vmem_footprint(s: Schedule) -> tuple[int, list[str]]:
+    """Bytes of VMEM the schedule needs: every staged tile times its pipeline depth, plus the
+    double-buffered output block the accumulator tile is written through."""
+    used, parts = 0, []
+    for st in s.stages:
+        if st.level.role == "global":
+            continue
+        used += st.bytes * st.at.stages
+        parts.append(f"{st.operand} tile {st.bytes:,} B x{st.at.stages} in {st.level.name}")
+        if st.operand == "C":
+            out = math.ceil(st.elements * dtype_bytes(s.op.out_dtype)) * 2
+            used += out
+            parts.append(f"output block {out // 2:,} B x2")
+    return used, parts
+
+
+def check_vmem(s: Schedule) -> None:
+    budget = int(s.machine.params.get("vmem_scoped_bytes", 0))
+    used, parts = vmem_footprint(s)
+    if budget and used > budget:
+        raise ScheduleError(f"schedule of {s.op} needs {used:,} bytes of VMEM ({'; '.join(parts)}) "
+                            f"but {s.machine.name} gives a kernel {budget:,}: "
+                            f"{used - budget:,} bytes over; use smaller tiles or fewer stages")
+
+
+def _vpu_seconds(m: Machine, op: Operator, elements: int) -> float:
+    vpu = m.vectors[0] if m.vectors else None
+    if vpu is None or not op.epilogue.steps:
+        return 0.0
+    return elements * len(op.epilogue.steps) / (vpu.ops_per_cycle * m.clock_hz)
+
+
+def estimate(s: Schedule, big: Operator, structure: codegen.Structure) -> Estimate:
+    m, p = s.machine, s.primitive
+    bw = float(m.params["hbm_bytes_per_s"])
+    par = next((lp for lp in s.loops if lp.parallel), None)
+    # Parallel tiles are dealt to the cores; the busiest core sets the time.
+    share = math.ceil(par.extent / m.cores()) / par.extent if par else 1.0
+    mxu_s = big.macs * share / (p.macs_per_cycle * m.clock_hz)
+    vpu_s = _vpu_seconds(m, big, math.prod(big.output.shape)) * share
+    hbm, first, last, lines = 0, 0, 0, []
+    for st in s.stages:
+        n = _loads(s, st.at)
+        size = st.bytes if st.operand != "C" else \
+            math.ceil(st.elements * dtype_bytes(big.out_dtype))
+        hbm += size * n
+        if st.operand == "C":
+            last = size
+        else:
+            first += size
+        lines.append(f"{st.operand}: {size:,} B tile at {st.at.name} in {st.level.name}, "
+                     f"moved {n:,} times")
+    for src, dst in structure.pads:
+        hbm += src + dst
+        lines.append(f"padding pass: {src:,} B read, {dst:,} B written")
+    if big.epilogue.has_bias:
+        hbm += _bytes(big, "bias")
+    memory_s = hbm / bw
+    compute_s = max(mxu_s, vpu_s)
+    pipelined = any(lp.stages > 1 for lp in s.loops)
+    fill_s = (first + last) / bw if pipelined else 0.0
+    seconds = (max(compute_s, memory_s) + fill_s) if pipelined else compute_s + memory_s
+    vmem, parts = vmem_footprint(s)
+    return Estimate(m.name, s.op.macs, big.macs, big.macs // (p.m * p.n * p.k),
+                    structure.dot_trips, hbm, vmem, int(m.params.get("vmem_scoped_bytes", 0)),
+                    mxu_s, vpu_s, memory_s, fill_s, seconds, m.peak(s.op.dtype) or 0.0,
+                    pipelined, lines + parts)
+
+
+def xla_dot_seconds(op: Operator, m: Machine) -> float:
+    """The same roofline for XLA's own single-dot program, the one a user gets without tsl:
+    each dimension padded only to the layout tile ((8,128): the last m-axis to 8, the last n-
+    and k-axes to 128), each operand moved once (perfect reuse), and no overlap of movement
+    with compute, since no schedule states any. XLA spreads the dot over every core."""
+    pad = {"m": 8, "n": 128, "k": 128}
+    last = {a.role: a.name for a in op.axes}
+    macs = math.prod(-(-a.extent // pad[a.role]) * pad[a.role] if last.get(a.role) == a.name
+                     and a.role in pad else a.extent for a in op.axes)
+    p = max((q for q in m.primitives if q.a_dtype == op.dtype), key=lambda q: q.macs_per_cycle)
+    compute = max(macs / (p.macs_per_cycle * m.cores() * m.clock_hz),
+                  _vpu_seconds(m, op, math.prod(op.output.shape)))
+    moved = sum(_bytes(op, t.role) for t in op.inputs) + _bytes(op, "out")
+    return compute + moved / float(m.params["hbm_bytes_per_s"])
+
+
+class TPUArtifact(Artifact):
+    """An XLA program for a TPU TAM: StableHLO/HLO text, execution on XLA:CPU, an estimate."""
+
+    target = "tpu"
+
+    def __init__(self, schedule: Schedule, ctx):
+        super().__init__(schedule, ctx)
+        func = codegen.compact(ctx.sch.mod)
+        self.text, self.structure = codegen.program(func, self.op.inputs, self.op.output)
+        self._kernel_text, _ = codegen.program(func, self.op.inputs, self.op.output,
+                                               entry="padded")
+        self._program: Program | None = None
+
+    def hlo(self, dialect: str = "stablehlo") -> str:
+        """The program as StableHLO text (needs nothing) or classic HLO text (needs jaxlib)."""
+        if dialect == "stablehlo":
+            return self.text
+        if dialect == "hlo":
+            return to_hlo(self.text)
+        raise ValueError(f"dialect must be 'stablehlo' or 'hlo', got {dialect!r}")
+
+    def source(self) -> str:
+        return self.hlo()
+
+    def program(self) -> Program:
+        """The kernel compiled for XLA:CPU; its `main` takes the padded operator's inputs."""
+        if self._program is None:
+            self._program = Program(self._kernel_text)
+        return self._program
+
+    def _execute(self, packed: list[np.ndarray]) -> np.ndarray:
+        return self.program()(packed)
+
+    def estimate(self) -> Estimate:
+        return estimate(self.schedule, self.ctx.op, self.structure)
+
+    def benchmark(self) -> dict:
+        est = self.estimate()
+        base = xla_dot_seconds(self.op, self.machine)
+        return {"seconds": est.seconds, "rate": 2 * self.op.macs / est.seconds,
+                "pct_peak": est.pct_peak, "utilization": est.utilization,
+                "baseline": "xla-dot estimate", "baseline_seconds": base,
+                "speedup": base / est.seconds}
