@@ -35,9 +35,14 @@ def _reuse(mi: float, ni: float) -> float:
     return mi * ni / (mi + ni)
 
 
+def _waste(extent: int, tile: int) -> float:
+    """Fraction of useful iterations when `extent` is padded to a multiple of `tile`."""
+    return extent / (-(-extent // tile) * tile)
+
+
 def _pick_acc_tile(s: Schedule, p, m_choices, n_choices, m_extent, n_extent):
-    """(m_inner, n_inner) in primitive units: the accumulator tile with the most reuse that
-    fits the accumulator level, not needlessly larger than the operator."""
+    """(m_inner, n_inner) in primitive units: the accumulator tile that fits the accumulator
+    level with the most reuse per useful (not padded) element; ties go to the larger tile."""
     acc = s.level("accumulator", "C")
     cap = acc.capacity if acc else 1 << 62
     ab = dtype_bytes(s.op.acc_dtype)
@@ -45,9 +50,11 @@ def _pick_acc_tile(s: Schedule, p, m_choices, n_choices, m_extent, n_extent):
     for mi in m_choices:
         for ni in n_choices:
             mr, nr = mi * p.m, ni * p.n
-            if mr * nr * ab > cap or mr > max(m_extent, p.m) * 2 or nr > max(n_extent, p.n) * 2:
+            if mr * nr * ab > cap:
                 continue
-            key = (_reuse(min(mr, m_extent) / p.m, min(nr, n_extent) / p.n), mr * nr)
+            useful = _waste(m_extent, mr) * _waste(n_extent, nr)
+            key = (round(_reuse(min(mr, m_extent) / p.m, min(nr, n_extent) / p.n) * useful, 6),
+                   mr * nr)
             if best is None or key > best[0]:
                 best = (key, mi, ni)
     if best is None:
@@ -56,12 +63,13 @@ def _pick_acc_tile(s: Schedule, p, m_choices, n_choices, m_extent, n_extent):
 
 
 def _pick_k(s: Schedule, p, mr, nr, k_choices, k_extent, stages):
-    """k_inner in primitive units: the deepest reduction block whose A and B tiles (times the
-    pipeline depth) fit every scratchpad that holds them."""
+    """k_inner in primitive units: the deepest reduction block that pads the reduction by at
+    most 10% and whose A and B tiles (times the pipeline depth) fit every scratchpad that
+    holds them."""
     best = k_choices[0]
     for kc in k_choices:
         kk = kc * p.k
-        if kk > max(k_extent, p.k) * 2:
+        if kc != k_choices[0] and _waste(k_extent, kk) < 0.9:
             continue
         need = {}
         for operand, elems in (("A", mr * kk), ("B", nr * kk)):
@@ -87,9 +95,9 @@ def schedule_gemm(s: Schedule) -> None:
     b = s.axes("b")
     M, N, K = i.extent, j.extent, k.extent
     stages = s.knob("stages", (2, 1))
-    mi0, ni0 = _pick_acc_tile(s, p, (1, 2, 4, 6, 8, 12, 16), (1, 2, 4, 8), M, N)
+    mi0, ni0 = _pick_acc_tile(s, p, (1, 2, 4, 6, 8, 12, 16), (1, 2, 3, 4, 6, 8), M, N)
     m_inner = s.knob("m_inner", (1, 2, 4, 6, 8, 12, 16), mi0)
-    n_inner = s.knob("n_inner", (1, 2, 4, 8), ni0)
+    n_inner = s.knob("n_inner", (1, 2, 3, 4, 6, 8), ni0)
     mr, nr = m_inner * p.m, n_inner * p.n
     sub = s.machine.compute_level("subcore")
     m_outer = s.knob("m_outer", _round_choices(M, mr, (1, 2, 4, 8, 16, 32)),
@@ -140,7 +148,8 @@ def schedule_conv2d(s: Schedule) -> None:
     wr, cr = w_inner * p.m, co_inner * p.n
     k_choices = (1, 2, 4, 8, 16, 32, 64)
     ci_inner = s.knob("ci_inner", _round_choices(C, p.k, k_choices),
-                      _pick_k(s, p, wr * h_inner * r.extent * w.extent, cr * co_outer,
+                      _pick_k(s, p, wr * h_inner * r.extent * w.extent,
+                              cr * co_outer * r.extent * w.extent,  # the B tile has r x s
                               _round_choices(C, p.k, k_choices), C, stages))
     oh0, oh1 = s.tile(oh, h_inner)
     ow0, ow1, ow2 = s.tile(ow, wr, p.m)

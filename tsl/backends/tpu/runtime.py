@@ -289,7 +289,9 @@ class TPUArtifact(Artifact):
     def benchmark(self) -> dict:
         est = self.estimate()
         base = xla_dot_seconds(self.op, self.machine)
-        return {"seconds": est.seconds, "rate": 2 * self.op.macs / est.seconds,
+        return {"seconds": est.seconds, "estimated": True,
+                "rate": 2 * self.op.macs / est.seconds,
                 "pct_peak": est.pct_peak, "utilization": est.utilization,
+                "notes": f"MXU utilization {100 * est.utilization:.0f}%",
                 "baseline": "xla-dot estimate", "baseline_seconds": base,
                 "speedup": base / est.seconds}
