@@ -16,7 +16,15 @@ from .primitives.schedule import Loop, Schedule
 from .schedules import default_schedule
 from .tam import Machine, builtin_names as machines, load as load_machine
 
-__all__ = ["ops", "build", "schedule", "Schedule", "Loop", "Machine", "load_machine",
+
+
+def verify(artifact, seed: int = 1) -> tuple[bool, float]:
+    """Run `artifact` on fresh random inputs and compare with its operator's NumPy reference:
+    (ok, error) - max abs difference for integers, relative Frobenius error for floats."""
+    return artifact.verify(seed)
+
+
+__all__ = ["ops", "build", "schedule", "verify", "Schedule", "Loop", "Machine", "load_machine",
            "machines", "default_schedule", "TSLError", "TAMError", "ScheduleError",
            "LoweringError", "BackendUnavailable", "InputError"]
 __version__ = "0.1.0"
