@@ -1,9 +1,40 @@
+"""The VTA back end: VTA's ISA, a bit-exact simulator with a cycle model, and a codegen from the
+shared schedule's TIR to VTA programs. See docs/vta.md for the machine."""
+
+from __future__ import annotations
+
 from ...backend import Backend
+from ...errors import LoweringError
+from ...lower import lower
+from . import codegen
+from .lowering import VTALowering
+from .runtime import VTAArtifact
 
 
 class VTABackend(Backend):
     name = "vta"
     default_machine = "vta-1x16x16"
+
+    def build(self, schedule, **options) -> VTAArtifact:
+        op, machine = schedule.op, schedule.machine
+        if op.dtype != "int8":
+            raise LoweringError(f"{op}: VTA computes int8 x int8 -> int32 only; build the "
+                                f"operator with dtype='int8'")
+        cfg = codegen.machine_config(machine)
+        lowering = VTALowering(machine, schedule.primitive)
+        ctx = lower(schedule, lowering)
+        program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg)
+        return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
+
+    def bench_suite(self, quick: bool) -> list:
+        """ResNet-18's C2-C11 (docs/vta.md §6) with VTA's requantization, and int8 GEMMs;
+        quick: C11 and one small GEMM."""
+        from . import classic
+
+        layers = [classic.layer(name) for name in classic.TILES]
+        gemms = [classic.gemm(*shape) for shape in ((1, 512, 1000), (64, 256, 256),
+                                                    (256, 512, 512))]
+        return [layers[-1], gemms[0]] if quick else layers + gemms
 
 
 backend = VTABackend()

@@ -4,8 +4,8 @@ The result is TIR that the codegen can read as a VTA program: operand tiles copi
 "local.inp" / "local.wgt" blocks, the accumulator in "local.acc", every 1 x 16 x 16 product a
 `tsl_vta_gemm` call and every accumulator zeroing a `tsl_vta_reset` call, the epilogue one block
 from the accumulator to the output, and every tensor in VTA's blocked layouts (data NCHW1n16c,
-kernel OIHW16o16i, output and accumulator like data). Virtual threads are loops bound to
-"vthread.x", pipelined loops carry the annotation `STAGES`.
+kernel OIHW16o16i, output and accumulator like data). Loops run as virtual threads carry
+the annotation `VTHREADS`, pipelined loops the annotation `STAGES`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ...primitives.schedule import Loop
 from . import intrinsics
 
 STAGES = "tsl.vta_stages"
+VTHREADS = "tsl.vta_vthreads"
 
 
 class VTALowering(Lowering):
@@ -50,16 +51,24 @@ class VTALowering(Lowering):
         lay = self.blocked(ctx.op, operand)
         if operand == "A" and ctx.op.params.get("padding"):
             # The zero-padding stage A_pad stays in the TIR (the codegen turns it into DMA
-            # padding); it reads A in the same blocked layout, which the artifact packs.
+            # padding); it reads A in the same blocked layout.
             sch = ctx.sch
             sch.transform_layout(sch.get_sblock("A_pad"), ("read", 0), lay.index_map)
-            ctx.layouts[ctx.input_index("A")] = lay
+        # The artifact always passes the inputs packed: s_tir may keep an argument in its old
+        # layout behind a copy stage, which the codegen then reads as the argument itself.
+        ctx.layouts[ctx.input_index(operand)] = lay
         return lay
 
     def scope(self, level) -> str:
         return "global" if level.role == "global" else f"local.{level.name}"
 
     def cache(self, ctx: LowerContext, stage) -> None:
+        if stage.operand in ("A", "B") and ctx.input_index(stage.operand) not in ctx.layouts:
+            # VTA's buffers hold whole entries: an operand the schedule did not pack is packed
+            # here, as `pack` would.
+            lay = self.layout(ctx, stage.operand, "primitive")
+            pos = self._read_index(ctx, ctx.input_index(stage.operand))
+            ctx.sch.transform_layout(ctx.block, ("read", pos), lay.index_map)
         super().cache(ctx, stage)
         if stage.operand == "C":
             out = self.blocked(ctx.op, "out")
@@ -82,13 +91,12 @@ class VTALowering(Lowering):
 
     # -- compute ------------------------------------------------------------------------------
     def bind(self, ctx: LowerContext, rv, level) -> None:
-        """Virtual threads: the loop is split into `count` interleaved instruction streams. A
-        loop whose extent the count does not divide stays serial."""
-        sch = ctx.sch
-        extent = int(sch.get(rv).extent)
-        if level.count > 1 and extent % level.count == 0:
-            _, t = sch.split(rv, [None, level.count])
-            sch.bind(t, "vthread.x")
+        """Virtual threads: the loop (fused or not) is annotated with the thread count; the
+        codegen runs `count` consecutive iterations as interleaved instruction streams. A loop
+        whose extent the count does not divide stays serial. (Splitting the loop in s_tir
+        instead would stop tensorize: it cannot blockize under a split of a fused loop.)"""
+        if level.count > 1 and int(ctx.sch.get(rv).extent) % level.count == 0:
+            ctx.sch.annotate(rv, VTHREADS, level.count)
 
     def pipeline(self, ctx: LowerContext, loop: Loop, stages: int) -> None:
         ctx.sch.annotate(ctx.rv(loop), STAGES, stages)

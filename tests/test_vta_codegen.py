@@ -1,0 +1,99 @@
+"""VTA back end: machine files, lowered TIR, program shape, tokens, the classic baseline."""
+import numpy as np
+import pytest
+
+import tsl
+from tsl.backends.vta import backend, classic, codegen
+from tsl.backends.vta.isa import Alu, AluOp, Gemm, Load, Mem, Store, from_words
+from tsl.errors import LoweringError, ScheduleError
+
+EP = tsl.ops.requantize(shift=8, bias=True, clip=(0, 127))
+
+
+def small_conv(**kw):
+    args = dict(stride=1, padding=1, dtype="int8", epilogue=EP) | kw
+    return tsl.ops.conv2d(1, 32, 8, 8, 32, 3, 3, **args)
+
+
+def test_machine_files_give_the_hardware_configuration():
+    c = codegen.machine_config(tsl.load_machine("vta-1x16x16"))
+    assert (c.block_in, c.block_out, c.batch) == (16, 16, 1)
+    assert (c.log_inp_buff_size, c.log_wgt_buff_size, c.log_acc_buff_size) == (15, 18, 17)
+    assert (c.inp_depth, c.wgt_depth, c.acc_depth, c.uop_depth) == (2048, 1024, 2048, 8192)
+    assert c.clock_hz == 100e6 and c.dram_bytes_per_cycle == 8.0
+    big = codegen.machine_config(tsl.load_machine("vta-1x32x32"))
+    assert (big.block_in, big.block_out) == (32, 32)
+    assert big.inp_depth == 2048 and big.wgt_depth == 512
+
+
+def test_tir_stages_tiles_and_tensorizes():
+    art = tsl.build(small_conv(), "vta")
+    tir = art.tir()
+    for scope in ("local.inp", "local.wgt", "local.acc"):
+        assert f'scope="{scope}"' in tir
+    assert '"tsl_vta_gemm"' in tir and '"tsl_vta_reset"' in tir
+    assert "tsl.vta_stages" in tir  # the default schedule pipelines the reduction
+
+
+def test_program_prints_encodes_and_decodes():
+    art = tsl.build(small_conv(), "vta")
+    prog = art.program()
+    lines = str(prog).splitlines()
+    assert len(lines) == len(prog.insns) and art.source() == str(prog)
+    words = prog.words()
+    assert words.shape == (len(prog.insns), 2) and words.dtype == np.uint64
+    assert from_words(words) == prog.insns
+
+
+def test_epilogue_runs_on_the_alu_in_order():
+    prog = tsl.build(small_conv(), "vta").program()
+    alu = [(i.alu_op, i.use_imm, i.imm) for i in prog.insns if isinstance(i, Alu)]
+    assert alu[:4] == [(AluOp.ADD, False, 0), (AluOp.SHR, True, 8), (AluOp.MIN, True, 127),
+                       (AluOp.MAX, True, 0)]
+    relu = tsl.build(small_conv(epilogue=tsl.ops.relu() + tsl.ops.requantize(2)), "vta")
+    assert AluOp.MAX in {i.alu_op for i in relu.program().insns if isinstance(i, Alu)}
+
+
+def test_padding_becomes_dma_padding_and_gemms_fold_loops():
+    prog = tsl.build(small_conv(), "vta").program()
+    inp = [i for i in prog.insns if isinstance(i, Load) and i.mem == Mem.INP]
+    assert any(i.x_pad0 or i.y_pad0 for i in inp) and any(i.x_pad1 or i.y_pad1 for i in inp)
+    gemm = [i for i in prog.insns if isinstance(i, Gemm) and not i.reset]
+    assert all(i.iter_out * i.iter_in > 1 for i in gemm)
+
+
+def test_pipelining_adds_tokens_that_overlap_load_and_compute():
+    serial = tsl.build(small_conv(), "vta", knobs={"stages": 1, "parallel_axes": "co"})
+    piped = tsl.build(small_conv(), "vta", knobs={"stages": 2, "parallel_axes": "co"})
+    for art in (serial, piped):
+        flags = [i.deps for i in art.program().insns]
+        assert any(d.push_next for d in flags) and any(d.pop_prev for d in flags)
+    assert piped.estimate().cycles < serial.estimate().cycles
+
+
+def test_classic_baseline_structure_is_pinned():
+    m = tsl.load_machine("vta-1x16x16")
+    op = classic.layer("C2")
+    kn = classic.knobs(op, m)
+    s = classic.schedule(op, m, kn)
+    names = [lp.name for lp in s.loops]
+    # (b, h0, co0, w0, co1, [ci0 r s ci1], h1, w1, ...): loads at ci0 for all h1 rows
+    assert names == ["n", "oh.0", "co.0", "ow.0", "co.1", "ci.0", "r", "s", "ci.1", "oh.1",
+                     "ow.1", "co.2", "ow.2", "co.3", "ci.2"]
+    ext = {lp.name: lp.extent for lp in s.loops}
+    assert (ext["oh.0"], ext["oh.1"], ext["ow.0"], ext["ow.1"]) == (7, 8, 1, 56)
+    assert (ext["co.0"], ext["co.2"], ext["ci.0"], ext["ci.1"]) == (2, 2, 4, 1)
+    staged = {(st.operand, st.level.name, st.at.name, st.at.stages) for st in s.stages}
+    assert staged == {("A", "inp", "ci.0", 1), ("B", "wgt", "ci.0", 1), ("C", "acc", "co.1", 1)}
+    assert [lp.name for lp in s.loops if lp.parallel] == ["co.0"]  # oc_nthread = 2
+    assert "tsl.vta_vthreads" in backend.build(s).tir()
+    s4 = classic.schedule(classic.layer("C4"), m, classic.knobs(classic.layer("C4"), m))
+    assert [lp.name for lp in s4.loops if lp.parallel] == ["oh.0"]  # h_nthread = 2
+    assert classic.knobs(tsl.ops.conv2d(1, 16, 9, 9, 16, 3, 3, dtype="int8"), m) is None
+
+
+def test_clear_errors():
+    with pytest.raises((LoweringError, ScheduleError), match="int8"):
+        tsl.build(tsl.ops.matmul(16, 16, 16, dtype="float32"), "vta")
+    with pytest.raises(LoweringError, match="requantize"):
+        tsl.build(tsl.ops.matmul(16, 16, 16, dtype="int8"), "vta")

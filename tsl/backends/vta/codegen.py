@@ -1,0 +1,688 @@
+"""Lowered TIR -> a VTA program (instructions, micro-op kernels, DRAM plan).
+
+The codegen reads the scheduled TIR (see `lowering.py`) in two passes:
+
+1. `read_tir` turns it into a tree of loops and four kinds of leaves, every buffer index an
+   affine function of the loops: copies into a scratchpad (-> LOAD), `tsl_vta_reset` and
+   `tsl_vta_gemm` calls (-> GEMM), and the epilogue block (-> LOAD ACC of the bias, ALU, STORE).
+   A leaf owns the chain of loops that hold only it; the other loops are walked.
+2. `emit` walks the tree with concrete loop values. A leaf instance becomes instructions: its
+   own loops are folded into a GEMM/ALU loop nest (the two outermost become iter_out/iter_in,
+   the rest a uop kernel) or into 2-D DMAs. Tiles sit in scratchpad slots: one per virtual
+   thread and per pipeline stage, so thread t's loads overlap thread t'-s compute and the
+   loads of step i+1 overlap the compute of step i. Virtual threads are interleaved leaf by leaf
+   (each leaf is emitted for every thread before the next one), as TVM's virtual-thread
+   injection does.
+
+Dependency tokens are then derived from what each instruction reads and writes in the
+scratchpads (`add_tokens`): a read after a write, or a write after a read, that crosses modules
+becomes a token, keeping only the ones not implied by program order within a module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import LoweringError
+from .config import VTAConfig
+from .isa import (Alu, AluOp, Deps, Finish, Gemm, Load, Mem, Store, encode_uops,
+                  format_insn, to_words)
+from .intrinsics import GEMM_EXTERN, RESET_EXTERN
+from .lowering import STAGES, VTHREADS
+from .timing import module_of
+
+ENTRY_DIMS = {"inp": 1, "wgt": 2, "acc": 1}  # trailing buffer dims that make one entry
+MEM_OF = {"inp": Mem.INP, "wgt": Mem.WGT, "acc": Mem.ACC}
+ITER_MAX = (1 << 14) - 1
+DRAM_ALIGN = 4096  # every kernel argument starts on this byte boundary (a multiple of any entry)
+
+
+def machine_config(machine) -> VTAConfig:
+    """The VTA hardware configuration a TAM describes: shapes from the GEMM primitive, buffer
+    sizes from its three levels (capacity per virtual thread x threads), the cycle model from
+    [params]."""
+    p = machine.primitives[0]
+    threads = machine.cores()
+
+    def log2(v, what):
+        if v <= 0 or v & (v - 1):
+            raise LoweringError(f"{machine.name}: {what} = {v} is not a power of two")
+        return v.bit_length() - 1
+
+    def buf(level):
+        lv = machine.memory_level(level)
+        return log2(lv.capacity * (threads if lv.per else 1), f"{level} buffer bytes")
+
+    bits = {"int8": 3, "int32": 5}
+    try:
+        return VTAConfig.from_params(dict(
+            log_batch=log2(p.m, "primitive m"), log_block_in=log2(p.k, "primitive k"),
+            log_block_out=log2(p.n, "primitive n"), log_inp_width=bits[p.a_dtype],
+            log_wgt_width=bits[p.b_dtype], log_acc_width=bits[p.acc_dtype],
+            log_inp_buff_size=buf(p.a_level), log_wgt_buff_size=buf(p.b_level),
+            log_acc_buff_size=buf(p.c_level), clock_hz=machine.clock_hz, **machine.params))
+    except (KeyError, ValueError) as e:
+        raise LoweringError(f"{machine.source}: not a VTA configuration: {e}") from None
+
+
+# -- affine index forms ------------------------------------------------------------------------
+class Aff:
+    """const + sum(coef * loop) over `LoopNode`s."""
+
+    __slots__ = ("const", "terms")
+
+    def __init__(self, const=0, terms=None):
+        self.const = const
+        self.terms = {k: v for k, v in (terms or {}).items() if v}
+
+    def __add__(self, o):
+        t = dict(self.terms)
+        for k, v in o.terms.items():
+            t[k] = t.get(k, 0) + v
+        return Aff(self.const + o.const, t)
+
+    def scale(self, c):
+        return Aff(self.const * c, {k: v * c for k, v in self.terms.items()})
+
+    def at(self, env, zero=()) -> int:
+        """Value with loops in `env` set, loops in `zero` (and any other) at 0."""
+        return self.const + sum(c * (l.at(env, zero) if isinstance(l, Opaque) else env.get(l, 0))
+                                for l, c in self.terms.items() if l not in zero)
+
+    def loops(self, env=()):
+        """The terms over loops (not in `env`) that the instruction's loops walk."""
+        return {l: v for l, v in self.terms.items() if isinstance(l, LoopNode) and l not in env}
+
+    def span(self, loops) -> int:
+        """1 + the largest offset the given loops add (coefficients are non-negative)."""
+        return 1 + sum(self.terms.get(l, 0) * (l.extent - 1) for l in loops)
+
+
+@dataclass(eq=False)
+class Opaque:
+    """floor(arg / c) or arg mod c of loops that are walked (given values) before use: a fused
+    loop's parts, for instance. It must not involve a leaf's own loops."""
+
+    arg: Aff
+    c: int
+    mod: bool
+
+    def at(self, env, zero=()) -> int:
+        if any(l in zero for l in self.arg.terms):
+            raise LoweringError("a scratchpad address divides a loop that VTA has to iterate")
+        v = self.arg.at(env)
+        return v % self.c if self.mod else v // self.c
+
+
+def affine(e, env) -> Aff:
+    from tvm import tirx
+
+    if isinstance(e, tirx.IntImm):
+        return Aff(int(e.value))
+    if isinstance(e, tirx.Var):
+        if e not in env:
+            raise LoweringError(f"index uses {e.name}, which is no loop of the kernel")
+        return env[e]
+    if isinstance(e, (tirx.Add, tirx.Sub)):
+        b = affine(e.b, env)
+        return affine(e.a, env) + (b if isinstance(e, tirx.Add) else b.scale(-1))
+    if isinstance(e, tirx.Mul):
+        a, b = affine(e.a, env), affine(e.b, env)
+        if a.terms and b.terms:
+            raise LoweringError(f"index {e} is not affine")
+        return a.scale(b.const) if not b.terms else b.scale(a.const)
+    if isinstance(e, (tirx.FloorDiv, tirx.FloorMod)) and isinstance(e.b, tirx.IntImm):
+        # Exact when the part whose coefficients c does not divide stays in [0, c).
+        a, c = affine(e.a, env), int(e.b.value)
+        q = {l: v // c for l, v in a.terms.items() if v % c == 0}
+        rest = Aff(a.const % c, {l: v for l, v in a.terms.items() if v % c})
+        lo = rest.const + sum(min(0, v * (l.extent - 1)) for l, v in rest.terms.items())
+        hi = rest.const + sum(max(0, v * (l.extent - 1)) for l, v in rest.terms.items())
+        if 0 <= lo and hi < c:
+            return Aff(a.const // c, q) if isinstance(e, tirx.FloorDiv) else rest
+        return Aff(0, {Opaque(a, c, isinstance(e, tirx.FloorMod)): 1})
+    raise LoweringError(f"index {e} is not affine in the loops; VTA addresses must be")
+
+
+# -- the tree read from the TIR ----------------------------------------------------------------
+@dataclass(eq=False)
+class LoopNode:
+    name: str
+    extent: int
+    vthreads: int = 1  # > 1: that many consecutive iterations are virtual threads
+    stages: int = 1
+    children: list = field(default_factory=list)
+
+    def __repr__(self):
+        return f"Loop({self.name}, {self.extent})"
+
+
+@dataclass(eq=False)
+class Leaf:
+    kind: str  # "copy" | "reset" | "gemm" | "epilogue"
+    access: dict  # role -> (buffer, [Aff per dim]); roles: dst, src, acc, inp, wgt, out, bias
+    chain: list = field(default_factory=list)  # the loops that hold only this leaf, outer first
+    stages: int = 1  # pipeline depth of the innermost enclosing annotated loop
+
+
+@dataclass
+class Kernel:
+    root: LoopNode
+    pads: dict  # stage buffer -> (buffer with the DRAM shape, DRAM argument, offset per dim)
+    buffers: dict  # name -> every buffer the kernel touches
+
+
+def read_tir(func) -> Kernel:
+    """The loop/leaf tree of a scheduled PrimFunc (see the module docstring)."""
+    from tvm import ir, s_tir, tirx
+
+    root = LoopNode("root", 1)
+    pads = {}
+    seen = {}  # data Var -> Buffer, for every buffer the body touches
+
+    def regions(block, env):
+        for mb in block.match_buffers:
+            seen[mb.source.source.data] = mb.source.source
+        return {mb.source.source: [affine(r.min, env) for r in mb.source.region]
+                for mb in block.match_buffers}
+
+    def scope(buf):
+        return buf.scope().split(".")[-1]
+
+    def visit(stmt, parent, env, stages):
+        if isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, parent, env, stages)
+        elif isinstance(stmt, tirx.For):
+            lp = LoopNode(stmt.loop_var.name, int(stmt.extent),
+                          vthreads=int(stmt.annotations.get(VTHREADS, 1)),
+                          stages=int(stmt.annotations.get(STAGES, 1)))
+            parent.children.append(lp)
+            visit(stmt.body, lp, {**env, stmt.loop_var: Aff(0, {lp: 1})},
+                  lp.stages if STAGES in stmt.annotations else stages)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            blk = stmt.block
+            inner = {**env, **{iv.var: affine(v, env)
+                               for iv, v in zip(blk.iter_vars, stmt.iter_values)}}
+            if not isinstance(blk.body, (tirx.BufferStore, tirx.Evaluate)):
+                visit(blk.body, parent, inner, stages)  # the root block
+                return
+            leaf = block_leaf(blk, inner, pads)
+            if leaf is not None:
+                leaf.stages = stages
+                parent.children.append(leaf)
+        else:
+            raise LoweringError(f"the VTA codegen cannot lower this statement:\n{stmt}")
+
+    def block_leaf(blk, env, pads):
+        body = blk.body
+        if isinstance(body, tirx.Evaluate):
+            call = body.value
+            name = call.args[0].value if call.args else ""
+            regs = regions(blk, env)
+            by_scope = {scope(b): (b, idx) for b, idx in regs.items()}
+            if name == RESET_EXTERN:
+                return Leaf("reset", {"acc": by_scope["acc"]})
+            if name == GEMM_EXTERN:
+                return Leaf("gemm", {k: by_scope[k] for k in ("acc", "inp", "wgt")})
+        if isinstance(body, tirx.BufferStore):
+            dst = body.buffer
+            loads = []
+            _walk_loads(body.value, loads)
+            for b in [dst] + [l.source for l in loads]:
+                seen[b.data] = b
+            if isinstance(body.value, ir.Call) and body.value.op.name.endswith("if_then_else"):
+                # A zero-padding stage: the codegen reads its source with DMA padding, at the
+                # constant offset between the two.
+                from tvm.sym import Analyzer
+
+                (src,) = loads
+                offs = [Analyzer().simplify(a - b)
+                        for a, b in zip(src.indices, body.indices)]
+                if not all(isinstance(o, tirx.IntImm) for o in offs):
+                    raise LoweringError(f"padding stage {blk.name_hint} is not a shift")
+                pads[dst] = (src.source, src.source.name, [int(o.value) for o in offs])
+                return None
+            if (dst.scope() == "global" and isinstance(body.value, ir.TensorLoad)
+                    and len(body.indices) != len(body.value.indices)):
+                # A layout stage (s_tir keeps an argument and copies it into the new layout
+                # when it cannot rewrite it in place): the artifact already passes the argument
+                # in that layout, so the stage is the argument itself.
+                pads[dst] = (dst, body.value.source.name, [0] * len(body.indices))
+                return None
+            idx = [affine(i, env) for i in body.indices]
+            if scope(dst) in ENTRY_DIMS and isinstance(body.value, ir.TensorLoad):
+                src = body.value.source
+                return Leaf("copy", {"dst": (dst, idx),
+                                     "src": (src, [affine(i, env) for i in body.value.indices])})
+            accs = [l for l in loads if scope(l.source) == "acc"]
+            if accs and dst.scope() == "global":
+                acc = accs[0]
+                access = {"out": (dst, idx),
+                          "acc": (acc.source, [affine(i, env) for i in acc.indices])}
+                bias = [l for l in loads if scope(l.source) != "acc"]
+                if bias:
+                    access["bias"] = (bias[0].source, [affine(i, env) for i in bias[0].indices])
+                return Leaf("epilogue", access)
+        raise LoweringError(f"the VTA codegen does not know block {blk.name_hint!r}")
+
+    visit(func.body, root, {}, 1)
+    _set_chains(root)
+    return Kernel(root, pads, {b.name: b for b in seen.values()})
+
+
+def _walk_loads(e, out):
+    import tvm_ffi
+    from tvm import ir
+
+    tvm_ffi.structural_walk(e, [(ir.TensorLoad, lambda n: out.append(n))], order="pre")
+
+
+def _set_chains(node, chain=()):
+    for ch in node.children:
+        if isinstance(ch, Leaf):
+            ch.chain = list(chain)
+        else:
+            own = ch.vthreads == 1 and _single_path(ch)
+            _set_chains(ch, (chain + (ch,)) if own else ())
+
+
+def _single_path(lp) -> bool:
+    while isinstance(lp, LoopNode):
+        if len(lp.children) != 1:
+            return False
+        lp = lp.children[0]
+    return True
+
+
+# -- the program --------------------------------------------------------------------------------
+@dataclass
+class Program:
+    """A VTA program: instructions, the uop segment that LOAD UOP reads (indexed by its
+    dram_base), and where each kernel argument lives in DRAM (byte address, bytes)."""
+
+    insns: list
+    uops: np.ndarray  # uint32 uop words
+    dram: dict  # buffer name -> (byte address, bytes)
+    config: VTAConfig
+
+    def __str__(self) -> str:
+        width = len(str(len(self.insns)))
+        return "\n".join(f"{k:>{width}}  {format_insn(i)}" for k, i in enumerate(self.insns))
+
+    def words(self) -> np.ndarray:
+        """The instructions as 128-bit words: an (n, 2) uint64 array of (low, high) halves."""
+        return to_words(self.insns, self.config)
+
+    def counts(self) -> dict:
+        out = {}
+        for i in self.insns:
+            out[type(i).__name__.upper()] = out.get(type(i).__name__.upper(), 0) + 1
+        return out
+
+
+@dataclass
+class _Insn:
+    insn: object
+    reads: list  # (mem name, lo, hi) scratchpad entry ranges
+    writes: list
+
+
+class _Emitter:
+    def __init__(self, kernel: Kernel, op, config: VTAConfig):
+        self.k, self.op, self.c = kernel, op, config
+        self.out: list[_Insn] = []
+        self.uop_words: list[np.ndarray] = []
+        self.uop_seg = 0
+        self.uop_cache: dict = {}
+        self.uop_top = 0
+        self.slot_count: dict = {}
+        self.threads = 1
+        self.dram = {}
+        top = DRAM_ALIGN
+        for b in [kernel.buffers[t.name] for t in op.inputs + (op.output,)]:
+            nbytes = int(np.prod([int(d) for d in b.shape])) * np.dtype(b.dtype).itemsize
+            self.dram[b.name] = (top, nbytes)
+            top = -(-(top + nbytes) // DRAM_ALIGN) * DRAM_ALIGN
+        self.defining = {}  # scratchpad buffer -> the leaf that defines its tile
+        self.chain_root = {}  # a leaf's outermost own loop -> the leaf
+        self.bias_entries = 0
+        self._index(kernel.root)
+        self.depth = {"inp": config.inp_depth, "wgt": config.wgt_depth, "acc": config.acc_depth}
+
+    # -- setup -------------------------------------------------------------------------------
+    def _index(self, node):
+        for ch in node.children:
+            if isinstance(ch, LoopNode):
+                self.threads = max(self.threads, ch.vthreads)
+                self._index(ch)
+                continue
+            if ch.chain:
+                self.chain_root[ch.chain[0]] = ch
+            if ch.kind == "copy":
+                self.defining[ch.access["dst"][0]] = ch
+            elif ch.kind == "epilogue":
+                self.defining[ch.access["acc"][0]] = ch
+                if "bias" in ch.access:
+                    self.bias_entries = max(self.bias_entries, self._bias_entries(ch))
+
+    def _bias_entries(self, leaf):
+        idx = leaf.access["bias"][1][0]
+        return -(-idx.span(leaf.chain) // self.c.block_out)
+
+    def tile(self, buf):
+        """(leaf, entry dims, tile shape of the non-entry dims, row-major strides) of a
+        scratchpad buffer."""
+        leaf = self.defining.get(buf)
+        if leaf is None:
+            raise LoweringError(f"nothing fills scratchpad buffer {buf.name}")
+        kind = buf.scope().split(".")[-1]
+        e = ENTRY_DIMS[kind]
+        role = "dst" if leaf.kind == "copy" else "acc"
+        idx = leaf.access[role][1]
+        shape = [a.span(leaf.chain) for a in idx[:-e]]
+        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        return leaf, role, e, shape, strides
+
+    def slot_base(self, buf, tid, slot):
+        kind = buf.scope().split(".")[-1]
+        leaf, _, _, shape, _ = self.tile(buf)
+        entries = math.prod(shape)
+        share = self.depth[kind] // self.threads
+        nslots = leaf.stages if leaf.kind == "copy" else 1
+        need = entries * nslots + (self.bias_entries if kind == "acc" else 0)
+        if need > share:
+            raise LoweringError(f"{buf.name}: {nslots} tile(s) of {entries} entries"
+                                f"{' + bias' if kind == 'acc' and self.bias_entries else ''} "
+                                f"need {need} {kind} entries, but each of {self.threads} "
+                                f"virtual thread(s) has {share}; use smaller tiles")
+        return tid * share + slot * entries
+
+    def local(self, buf, idx, env, tid):
+        """Affine form, over the leaf's own loops, of the scratchpad entry `idx` addresses."""
+        leaf, role, e, shape, strides = self.tile(buf)
+        kind = buf.scope().split(".")[-1]
+        slot = self.slot_count.get((buf, tid), 1) - 1 if leaf.kind == "copy" else 0
+        origin = [a.at(env, leaf.chain) for a in leaf.access[role][1][:-e]]
+        form = Aff(self.slot_base(buf, tid, slot % max(leaf.stages, 1) if leaf.kind == "copy"
+                                  else 0))
+        for d, a in enumerate(idx[:-e]):
+            loc = Aff(a.at(env) - origin[d], a.loops(env))
+            form = form + loc.scale(strides[d])
+        return kind, form
+
+    # -- walking -----------------------------------------------------------------------------
+    def run(self) -> Program:
+        self.walk(self.k.root, [(0, {})])
+        self.out.append(_Insn(Finish(), [], []))
+        insns = add_tokens(self.out)
+        uops = (np.concatenate(self.uop_words) if self.uop_words
+                else np.zeros(0, np.uint32))
+        return Program(insns, uops, dict(self.dram), self.c)
+
+    def walk(self, node, envs):
+        """Emit `node`'s children for every (thread, loop values) in `envs`; leaves are emitted
+        for all threads in turn, a virtual-thread loop multiplies the threads."""
+        for ch in node.children:
+            leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
+            if leaf is not None:
+                for tid, env in envs:
+                    getattr(self, "leaf_" + leaf.kind)(leaf, env, tid)
+            elif ch.vthreads > 1:
+                n = ch.vthreads
+                for v in range(0, ch.extent, n):
+                    self.walk(ch, [(t, {**env, ch: v + t}) for _, env in envs for t in range(n)])
+            else:
+                for v in range(ch.extent):
+                    self.walk(ch, [(t, {**env, ch: v}) for t, env in envs])
+
+    # -- leaves ------------------------------------------------------------------------------
+    def leaf_copy(self, leaf, env, tid):
+        dst, didx = leaf.access["dst"]
+        src, sidx = leaf.access["src"]
+        key = (dst, tid)
+        self.slot_count[key] = self.slot_count.get(key, 0) + 1
+        kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
+        _, _, e, shape, _ = self.tile(dst)
+        name, offs = src.name, [0] * len(sidx)
+        if src in self.k.pads:
+            src, name, offs = self.k.pads[src]
+        origin = [a.at(env, leaf.chain) + o for a, o in zip(sidx, offs)]
+        self.dma(Load, MEM_OF[kind], src, name, origin[:-e], shape, base.const, kind,
+                 pad=bool(any(offs)))
+
+    def dma(self, cls, mem, gbuf, name, origin, shape, sram, kind, pad):
+        """2-D DMAs between a tile (dense, row-major over `shape`) and the global buffer region
+        at `origin`: x is the innermost run of dims that are whole in the buffer, y the next
+        dim; the remaining dims make one DMA each. Rows or columns outside the buffer become
+        zero padding (loads only)."""
+        gshape = [int(d) for d in gbuf.shape]
+        e = len(gshape) - len(shape)
+        entry = math.prod(gshape[len(shape):])
+        gstr = [math.prod(gshape[d + 1:]) // entry for d in range(len(shape))]
+        nd = len(shape)
+        x0 = nd - 1
+        if not pad:
+            while x0 > 0 and all(shape[d] == gshape[d] for d in range(x0, nd)):
+                x0 -= 1
+        ydim = x0 - 1
+        xs = math.prod(shape[x0:])
+        ys = shape[ydim] if ydim >= 0 else 1
+        outer = range(ydim) if ydim >= 0 else range(0)
+        base_addr, _ = self.dram[name]
+        tstr = [math.prod(shape[d + 1:]) for d in range(nd)]
+        for coords in itertools.product(*[range(shape[d]) for d in outer]):
+            at = list(origin)
+            for d, c in zip(outer, coords):
+                at[d] += c
+            pads = [0, 0, 0, 0]
+            y_lo, y_n = (at[ydim], ys) if ydim >= 0 else (0, 1)
+            x_lo, x_n = at[x0], xs
+            if pad:
+                for k, (lo, n, d) in enumerate(((y_lo, y_n, ydim), (x_lo, x_n, x0))):
+                    if d < 0:
+                        continue
+                    p0, p1 = max(0, -lo), max(0, lo + n - gshape[d])
+                    pads[2 * k], pads[2 * k + 1] = p0, p1
+                    if k == 0:
+                        y_lo, y_n = lo + p0, n - p0 - p1
+                    else:
+                        x_lo, x_n = lo + p0, n - p0 - p1
+                if y_n <= 0 or x_n <= 0:
+                    raise LoweringError(f"a tile of {gbuf.name} lies wholly in its padding")
+            for d in range(nd):
+                if not 0 <= at[d] < gshape[d] and d not in (ydim, x0):
+                    raise LoweringError(f"a tile of {gbuf.name} leaves the buffer in dim {d}")
+            if ydim >= 0:
+                at[ydim] = y_lo
+            at[x0] = x_lo
+            elem = sum(a * s for a, s in zip(at, gstr))
+            ebytes = entry * np.dtype(gbuf.dtype).itemsize
+            sram_at = sram + sum(c * tstr[d] for d, c in zip(outer, coords))
+            insn = cls(mem, sram_at, base_addr // ebytes + elem, y_n, x_n,
+                       gstr[ydim] if ydim >= 0 else x_n, *pads)
+            rng = [(kind, sram_at, sram_at + ys * xs)]
+            self.out.append(_Insn(insn, [] if cls is Load else rng, rng if cls is Load else []))
+
+    def leaf_reset(self, leaf, env, tid):
+        buf, idx = leaf.access["acc"]
+        kind, dst = self.local(buf, idx, env, tid)
+        self.loop_insn(leaf.chain, [dst, Aff(), Aff()], lambda *a: Gemm(True, *a),
+                       reads=[], writes=[("acc", 0)])
+
+    def leaf_gemm(self, leaf, env, tid):
+        forms = [self.local(*leaf.access[r], env, tid)[1] for r in ("acc", "inp", "wgt")]
+        self.loop_insn(leaf.chain, forms, lambda *a: Gemm(False, *a),
+                       reads=[("acc", 0), ("inp", 1), ("wgt", 2)], writes=[("acc", 0)])
+
+    def leaf_epilogue(self, leaf, env, tid):
+        c = self.c
+        buf, idx = leaf.access["acc"]
+        _, dst = self.local(buf, idx, env, tid)
+        lanes = [l for l in leaf.chain if not any(a.terms.get(l) for a in idx[:-1])]
+        chain = [l for l in leaf.chain if l not in lanes]
+        forms = [dst, Aff(), Aff()]
+        if "bias" in leaf.access:
+            # Bias entries go to the end of this thread's acc share, then ADD src to dst.
+            bbuf, (bidx,) = leaf.access["bias"]
+            first = bidx.at(env, leaf.chain)
+            if first % c.block_out:
+                raise LoweringError("the bias of a tile does not start on a block boundary")
+            share = c.acc_depth // self.threads
+            sram = (tid + 1) * share - self.bias_entries
+            n = self._bias_entries(leaf)
+            addr, _ = self.dram[bbuf.name]
+            self.out.append(_Insn(Load(Mem.ACC, sram, addr // c.acc_entry_bytes
+                                       + first // c.block_out, 1, n, n),
+                                  [], [("acc", sram, sram + n)]))
+            src = Aff(sram, {l: v // c.block_out for l, v in bidx.loops().items() if l in chain})
+            self.loop_insn(chain, [dst, src, Aff()], lambda *a: Alu(*a[:8], AluOp.ADD),
+                           reads=[("acc", 0), ("acc", 1)], writes=[("acc", 0)])
+        for step in self.op.epilogue.steps:
+            ops = _alu_ops(step)
+            for alu_op, imm in ops:
+                self.loop_insn(chain, [dst, Aff(), Aff()],
+                               lambda *a, o=alu_op, i=imm: Alu(*a[:8], o, True, i),
+                               reads=[("acc", 0)], writes=[("acc", 0)])
+        obuf, oidx = leaf.access["out"]
+        _, _, _, shape, _ = self.tile(buf)
+        origin = [a.at(env, leaf.chain) for a in oidx[:-1]]
+        self.dma(Store, Mem.OUT, obuf, obuf.name, origin, shape, dst.at({}), "acc", pad=False)
+
+    # -- loop folding ------------------------------------------------------------------------
+    def loop_insn(self, chain, forms, make, reads, writes):
+        """GEMM/ALU instructions for the leaf's loops: loops that walk contiguously are merged,
+        the two outermost left become iter_out and iter_in, the rest a uop kernel (of at most a
+        quarter of the UOP buffer; loops outside that are issued as separate instructions).
+        `reads`/`writes` name the scratchpad each uop column (dst, src, wgt) indexes."""
+        loops = [(l.extent, [f.terms.get(l, 0) for f in forms]) for l in chain
+                 if l.extent > 1 and any(f.terms.get(l) for f in forms)]
+        if any(not isinstance(l, LoopNode) for f in forms for l in f.terms):
+            raise LoweringError("a scratchpad address is not affine in the instruction's loops")
+        loops = _merge(loops)
+        k = 0
+        while math.prod(e for e, _ in loops[k + 2:]) > self.c.uop_depth // 4:
+            k += 1
+        emitted, iters, kern = loops[:k], loops[k:k + 2], loops[k + 2:]
+        iters = [(1, [0, 0, 0])] * (2 - len(iters)) + iters
+        (eo, co), (ei, ci) = iters
+        grid = np.zeros((1, 3), dtype=np.int64)
+        for ext, coefs in kern:
+            step = np.arange(ext)[:, None] * np.array(coefs)[None, :]
+            grid = (grid[:, None, :] + step[None, :, :]).reshape(-1, 3)
+        grid += np.array([f.const for f in forms], dtype=np.int64)
+        reach = np.array([(eo - 1) * a + (ei - 1) * b for a, b in zip(co, ci)])
+        for pos in itertools.product(*[range(e) for e, _ in emitted]):
+            uops = grid + sum((np.array(c) * p for (_, c), p in zip(emitted, pos)),
+                              np.zeros(3, dtype=np.int64))
+            lo, hi = self.uop_kernel(uops)
+            insn = make(lo, hi, eo, ei, co[0], ci[0], co[1], ci[1], co[2], ci[2])
+            first, last = uops.min(axis=0), uops.max(axis=0) + reach + 1
+            self.out.append(_Insn(insn, [(m, int(first[i]), int(last[i])) for m, i in reads],
+                                  [(m, int(first[i]), int(last[i])) for m, i in writes]))
+
+    def uop_kernel(self, uops) -> tuple[int, int]:
+        """[begin, end) of `uops` in the UOP buffer, loading them (LOAD UOP) unless already
+        there; the buffer is refilled from the start when full."""
+        words = encode_uops(uops, self.c)
+        key = words.tobytes()
+        if key not in self.uop_cache:
+            n = len(words)
+            if self.uop_top + n > self.c.uop_depth:
+                self.uop_cache.clear()
+                self.uop_top = 0
+            self.uop_words.append(words)
+            self.out.append(_Insn(Load(Mem.UOP, self.uop_top, self.uop_seg, 1, n, n), [],
+                                  [("uop", self.uop_top, self.uop_top + n)]))
+            self.uop_cache[key] = (self.uop_top, self.uop_top + n)
+            self.uop_seg += n
+            self.uop_top += n
+        return self.uop_cache[key]
+
+
+def _alu_ops(step) -> list[tuple[AluOp, int]]:
+    """The ALU operations (with immediates) of one epilogue step other than the bias:
+    shift -> SHR (a negative amount shifts left), clip -> MIN hi then MAX lo, relu -> MAX 0."""
+    if step.kind == "shift":
+        return [(AluOp.SHR, step.value[0])]
+    if step.kind == "clip":
+        return [(AluOp.MIN, step.value[1]), (AluOp.MAX, step.value[0])]
+    if step.kind == "relu":
+        return [(AluOp.MAX, 0)]
+    return []
+
+
+def _merge(loops):
+    """Fuse each loop into the next inner one when, for every operand, its coefficient is the
+    inner's times the inner's extent (the pair walks one contiguous range)."""
+    out = []
+    for ext, coefs in reversed(loops):
+        if out:
+            iext, icoefs = out[-1]
+            if all(c == i * iext for c, i in zip(coefs, icoefs)) and ext * iext <= ITER_MAX:
+                out[-1] = (ext * iext, icoefs)
+                continue
+        out.append((ext, coefs))
+    return list(reversed(out))
+
+
+# -- dependency tokens --------------------------------------------------------------------------
+_ORDER = {"load": 0, "compute": 1, "store": 2}
+
+
+def add_tokens(items: list[_Insn]) -> list:
+    """Instructions with dependency flags. For every instruction, the latest instruction of
+    another module that wrote what it reads, or read/wrote what it writes, must finish first;
+    such a pair becomes a token (push after the producer, pop before the consumer) unless an
+    earlier consumer of the same module already waits for that producer or a later one."""
+    last = {}  # (module, mem) -> (write array, read array) of instruction indices
+    need = []  # per instruction: {producer module: latest producer index}
+    for k, it in enumerate(items):
+        m = module_of(it.insn)
+        deps = {}
+        for mem, lo, hi, is_write in ([(*r, False) for r in it.reads]
+                                      + [(*w, True) for w in it.writes]):
+            for other in _ORDER:
+                if other == m or (other, mem) not in last:
+                    continue
+                wr, rd = last[(other, mem)]
+                j = int(wr[lo:hi].max(initial=-1))
+                if is_write:
+                    j = max(j, int(rd[lo:hi].max(initial=-1)))
+                if j >= 0:
+                    deps[other] = max(deps.get(other, -1), j)
+        need.append(deps)
+        for mem, lo, hi in it.reads + it.writes:
+            if (m, mem) not in last:
+                size = 1 << 16
+                last[(m, mem)] = (np.full(size, -1, np.int64), np.full(size, -1, np.int64))
+        for mem, lo, hi in it.reads:
+            last[(m, mem)][1][lo:hi] = k
+        for mem, lo, hi in it.writes:
+            last[(m, mem)][0][lo:hi] = k
+    flags = [dict() for _ in items]
+    waited = {}  # (consumer module, producer module) -> latest producer already waited for
+    for k, deps in enumerate(need):
+        m = module_of(items[k].insn)
+        for other, j in deps.items():
+            if abs(_ORDER[other] - _ORDER[m]) != 1:
+                raise LoweringError(f"instruction #{k} ({format_insn(items[k].insn)}) depends "
+                                    f"on the {other} module, which it cannot talk to")
+            if waited.get((m, other), -1) >= j:
+                continue
+            waited[(m, other)] = j
+            later = _ORDER[m] > _ORDER[other]
+            flags[j]["push_next" if later else "push_prev"] = True
+            flags[k]["pop_prev" if later else "pop_next"] = True
+    return [dataclasses.replace(it.insn, deps=Deps(**f)) if f else it.insn
+            for it, f in zip(items, flags)]
+
+
+def generate(func, op, config: VTAConfig) -> Program:
+    """The VTA program of a scheduled PrimFunc."""
+    return _Emitter(read_tir(func), op, config).run()
