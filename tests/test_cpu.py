@@ -55,8 +55,10 @@ def test_conv2d(layout, dtype, geom):
     check(ops.conv2d(1, 19, 11, 9, 21, 3, 3, layout=layout, dtype=dtype, epilogue=ep, **geom))
 
 
-def test_conv2d_batch_and_1x1():
-    check(ops.conv2d(2, 16, 8, 8, 32, 1, 1, stride=2))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_conv2d_batch_and_1x1_unpadded(layout, dtype):
+    check(ops.conv2d(2, 16, 8, 8, 32, 1, 1, stride=2, layout=layout, dtype=dtype))
 
 
 def test_vnni_is_used_and_exact_over_full_int8_range():
