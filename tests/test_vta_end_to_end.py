@@ -1,6 +1,4 @@
 """VTA back end end to end: programs run in the simulator, bit-exact with NumPy."""
-import runpy
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,8 +43,10 @@ def test_resnet_layer_default_and_classic():
     check(art)
     m = art.machine
     check(backend.build(classic.schedule(op, m, classic.knobs(op, m))))
-    row = art.benchmark()
+    row = art.benchmark(tune_trials=16)
     assert row["baseline_cycles"] > 0 and row["speedup"] == row["baseline_cycles"] / row["cycles"]
+    assert row["cycles"] <= row["default_cycles"]
+    assert row["speedup"] > 1, "a short knob search already beats the classic tiles on C11"
     est = art.estimate()
     assert 0 < est.pct_peak < 100 and est.stats.gemm_uops == art.ctx.op.macs // 256  # padded work
     text = str(est)
@@ -60,9 +60,4 @@ def test_second_machine_file():
         art = tsl.build(op, "vta-1x32x32")
         assert art.schedule.primitive.name == "gemm_1x32x32"
         check(art)
-        assert art.benchmark()["speedup"] is None
-
-
-def test_tutorial_runs():
-    runpy.run_path(str(Path(__file__).parents[1] / "tutorials" / "02_vta.py"),
-                   run_name="__main__")
+        assert art.benchmark(tune_trials=0)["speedup"] is None

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from ..backend import resolve_target
-from ..errors import ScheduleError
+from ..errors import LoweringError, ScheduleError
 from ..primitives.schedule import Schedule
 from ..schedules import default_schedule
 
@@ -95,51 +95,87 @@ def candidates(op, machine, schedule_fn, limit: int, seed: int) -> list[Schedule
     names = sorted(base.space)
     combos = list(itertools.product(*(base.space[n] for n in names)))
     random.Random(seed).shuffle(combos)
-    out, seen = [base], {tuple(sorted(base.knob_values.items()))}
+    out, seen = [base], {_key(base)}
     for combo in combos:
         if len(out) >= limit:
             break
         s = record(op, machine, schedule_fn, dict(zip(names, combo)))
-        if s is not None and (key := tuple(sorted(s.knob_values.items()))) not in seen:
-            seen.add(key)
+        if s is not None and _key(s) not in seen:
+            seen.add(_key(s))
             out.append(s)
     return out
 
 
+def neighbours(s: Schedule, op, machine, schedule_fn) -> list[Schedule]:
+    """Schedules one knob step away from `s` (the next smaller or larger choice)."""
+    out = []
+    for name, choices in sorted(s.space.items()):
+        i = choices.index(s.knob_values[name])
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(choices):
+                n = record(op, machine, schedule_fn, {**s.knob_values, name: choices[j]})
+                if n is not None:
+                    out.append(n)
+    return out
+
+
 def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
-         pool: int = 400, batch: int = 4, seed: int = 0,
+         pool: int = 400, batch: int = 4, seed: int = 0, start: list[dict] | None = None,
          measure: Callable | None = None) -> TuneResult:
-    """Search the knobs of `schedule` (default: the operator's) for `op` on `target`."""
+    """Search the knobs of `schedule` (default: the operator's) for `op` on `target`.
+
+    The default knobs and any `start` configurations are measured first; after that each batch
+    comes from a random pool of the space plus the one-knob neighbours of the best two so far,
+    ranked by the analytic model until there are 2 x `batch` measurements, then by XGBoost."""
     import xgboost as xgb
 
     backend, machine = resolve_target(target)
     fn = schedule or default_schedule(op.name)
     cands = candidates(op, machine, fn, pool, seed)
+    known = {_key(c): i for i, c in enumerate(cands)}
     xs = op.random_inputs(seed)
 
-    def run(s: Schedule) -> float:
-        art = backend.build(s)
+    def add(s: Schedule) -> int:
+        if _key(s) not in known:
+            known[_key(s)] = len(cands)
+            cands.append(s)
+        return known[_key(s)]
+
+    def run(i: int) -> float:
+        try:
+            art = backend.build(cands[i])
+        except LoweringError:
+            return math.inf  # e.g. a tile the back end's own finer checks refuse
         if measure is not None:
             return measure(art)
         if hasattr(backend, "measure"):
             return backend.measure(art)
         return art.time(*xs)
 
-    feats = np.array([features(s) for s in cands])
-    prior = np.array([analytic_seconds(s) for s in cands])
-    done: dict[int, float] = {0: run(cands[0])}          # the default schedule first
-    order = [i for i in np.argsort(prior) if i != 0]
-    trials = min(trials, len(cands))
+    first = [0] + [add(s) for s in (record(op, machine, fn, k) for k in start or []) if s]
+    done: dict[int, float] = {i: run(i) for i in dict.fromkeys(first)}
     while len(done) < trials:
-        todo = [i for i in order if i not in done]
+        for i in sorted(done, key=done.get)[:2]:
+            for n in neighbours(cands[i], op, machine, fn):
+                add(n)
+        todo = [i for i in range(len(cands)) if i not in done]
+        if not todo:
+            break
         if len(done) >= 2 * batch:
             idx = list(done)
-            train = xgb.DMatrix(feats[idx], label=np.log([done[i] for i in idx]))
-            model = xgb.train({"max_depth": 4, "eta": 0.2, "nthread": 1}, train, 60)
-            pred = model.predict(xgb.DMatrix(feats[todo]))
-            todo = [todo[j] for j in np.argsort(pred)]
-        for i in todo[:min(batch, trials - len(done))]:
-            done[i] = run(cands[i])
+            label = np.log([min(done[i], 1e9) for i in idx])
+            model = xgb.train({"max_depth": 4, "eta": 0.2, "nthread": 1},
+                              xgb.DMatrix(np.array([features(cands[i]) for i in idx]),
+                                          label=label), 60)
+            score = model.predict(xgb.DMatrix(np.array([features(cands[i]) for i in todo])))
+        else:
+            score = [analytic_seconds(cands[i]) for i in todo]
+        for j in np.argsort(score)[:min(batch, trials - len(done))]:
+            done[todo[j]] = run(todo[j])
     best = min(done, key=done.get)
-    log = [(cands[i].knob_values, float(prior[i]), t) for i, t in done.items()]
+    log = [(cands[i].knob_values, analytic_seconds(cands[i]), t) for i, t in done.items()]
     return TuneResult(cands[best].knob_values, done[best], cands[0].knob_values, done[0], log)
+
+
+def _key(s: Schedule) -> tuple:
+    return tuple(sorted(s.knob_values.items()))

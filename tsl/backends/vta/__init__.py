@@ -26,6 +26,10 @@ class VTABackend(Backend):
         program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg)
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
 
+    def measure(self, art: VTAArtifact) -> float:
+        """Seconds at the TAM clock under the cycle model: what `tsl.tune` minimizes here."""
+        return art.estimate().seconds
+
     def bench_suite(self, quick: bool) -> list:
         """ResNet-18's C2-C11 (docs/vta.md §6) with VTA's requantization, and int8 GEMMs;
         quick: C11 and one small GEMM."""
