@@ -19,6 +19,7 @@ def schedule(op: Operator, target: str | Machine = "cpu", schedule: Callable | N
     _, machine = resolve_target(target)
     s = Schedule(op, machine, knobs)
     (schedule or default_schedule(op.name))(s)
+    s.validate()
     return s
 
 
@@ -32,4 +33,5 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
         raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
     s = Schedule(op, machine, knobs)
     (schedule or default_schedule(op.name))(s)
+    s.validate()
     return backend.build(s, **options)

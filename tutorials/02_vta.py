@@ -1,6 +1,6 @@
 """Tutorial 2: one schedule, built for VTA.
 
-The schedule below is written once, against the roles of the Tensor Abstract Machine (the
+The schedule (`my_schedule.py`, the one of tutorial 1) is written once, against the roles of the Tensor Abstract Machine (the
 compute level "core", the "accumulator" and "scratchpad" memory levels, the machine's tensor
 primitive), exactly as for the CPU. On VTA the same calls mean:
 
@@ -18,27 +18,11 @@ of the cycle model, and what kept each module busy).
 import numpy as np
 
 import tsl
+from my_schedule import my_schedule
 
-
-def schedule_gemm(s: tsl.Schedule) -> None:
-    """A tiled GEMM feeding the machine's tensor primitive (the default schedule, simplified)."""
-    p = s.primitive
-    (i,), (j,), (k,) = s.axes("m"), s.axes("n"), s.axes("k")
-    m_inner = s.knob("m_inner", (1, 2, 4, 8, 16), 8)
-    n_inner = s.knob("n_inner", (1, 2, 4), 2)
-    k_inner = s.knob("k_inner", (1, 2, 4, 8), 4)
-    i0, i1, i2, i3 = s.tile(i, m_inner * p.m * 2, m_inner * p.m, p.m)
-    j0, j1, j2, j3 = s.tile(j, n_inner * p.n, n_inner * p.n, p.n)
-    k0, k1, k2 = s.tile(k, k_inner * p.k, p.k)
-    s.reorder(i0, j0, i1, j1, k0, k1, i2, j2, i3, j3, k2)
-    s.parallel([i0, j0], "core")
-    s.cache("C", "accumulator", at=j1)
-    s.pack("B")
-    for operand in ("A", "B"):
-        s.cache(operand, "scratchpad", at=k0)
-    s.pipeline(k0, 2)
-    s.tensorize(i3)
-    s.fuse_epilogue()
+# Knob values for VTA: an 8 x 32 accumulator tile (8 rows of the 1 x 16 primitive, 2 blocks of
+# 16 output channels), 4 blocks of 16 input channels per load.
+KNOBS = {"rows": 8, "cols": 2, "depth": 4}
 
 
 if __name__ == "__main__":
@@ -46,7 +30,7 @@ if __name__ == "__main__":
                        epilogue=tsl.ops.requantize(shift=8, bias=True, clip=(0, 127)))
     for target in ("cpu", "vta"):
         try:
-            art = tsl.build(op, target, schedule=schedule_gemm)
+            art = tsl.build(op, target, schedule=my_schedule, knobs=KNOBS)
         except tsl.TSLError as e:  # e.g. a host without AVX-512 VNNI
             print(f"{target}: {e}")
             continue

@@ -1,7 +1,6 @@
 """Tutorial 3: the schedule of tutorial 1, built for a TPU.
 
-The schedule function is the one of tutorial 1 (copied so this file runs alone); nothing in it
-names a TPU. The TAM file `tpu-v5e` says what its roles are there: the tensor primitive is a
+The schedule function is the one of tutorial 1 (`my_schedule.py`); nothing in it names a TPU. The TAM file `tpu-v5e` says what its roles are there: the tensor primitive is a
 128x128x128 MXU pass (bf16 x bf16 -> f32), the scratchpad is VMEM, the accumulator a VMEM region
 for the f32 tile. What is different to see on this target:
 
@@ -15,7 +14,10 @@ for the f32 tile. What is different to see on this target:
 Run: python tutorials/03_tpu.py
 """
 
+import inspect
+
 import tsl
+from my_schedule import my_schedule
 from tsl import ops
 
 tpu = tsl.load_machine("tpu-v5e")
@@ -25,32 +27,16 @@ print(f"machine {tpu.name}: primitive {mxu.name} {mxu.m}x{mxu.n}x{mxu.k} "
           f"{lv.name} ({lv.role}) {lv.capacity / 2**20:g} MiB" for lv in tpu.memory[1:]))
 
 
-# 1. The schedule of tutorial 1, unchanged: sizes are multiples of the primitive's shape.
-def my_schedule(s: tsl.Schedule) -> None:
-    p = s.primitive                                   # chosen by the operator's dtypes
-    (i,), (j,), (k,) = s.axes("m"), s.axes("n"), s.axes("k")
-    mr = p.m * s.knob("rows", (1, 2, 4, 8), 8)         # accumulator tile: mr x nr
-    nr = p.n * s.knob("cols", (1, 2, 4), 2)
-    kc = p.k * s.knob("depth", (16, 64, 256), 64)
-    i0, i1, i2 = s.tile(i, mr, p.m)                   # i1: rows of the tile, i2: primitive
-    j0, j1, j2 = s.tile(j, nr, p.n)
-    k0, k1, k2 = s.tile(k, kc, p.k)
-    s.reorder(i0, j0, k0, k1, i1, j1, i2, j2, k2)
-    s.parallel([i0, j0], "core")
-    s.cache("C", "accumulator", at=s.loops[0])        # the mr x nr tile of C
-    s.pack("B")                                       # B in the primitive's layout
-    s.cache("A", "scratchpad", at=k0)
-    s.cache("B", "scratchpad", at=k0)
-    s.tensorize(i2)                                   # i2, j2, k2: one primitive call
-    s.fuse_epilogue()
+# 1. The schedule of tutorial 1 (my_schedule.py), unchanged.
+print(inspect.getsource(my_schedule))
 
 
 op = ops.matmul(2048, 2048, 2048, dtype="bfloat16", acc_dtype="float32")
 
-# 2. The knobs are in primitive units, so the CPU's defaults are far too large for 128-wide
-#    primitives (an 8x64 block of 128x128 tiles). The default depth overflows VMEM:
+# 2. The knobs count primitives, so on 128-wide primitives a "depth" of 64 means 8192-deep
+#    reduction blocks: their A and B tiles overflow VMEM, and the schedule says so.
 try:
-    tsl.schedule(op, tpu, my_schedule)
+    tsl.schedule(op, tpu, my_schedule, {"rows": 4, "cols": 4, "depth": 64})
 except tsl.ScheduleError as e:
     print("ScheduleError:", e)
 else:
@@ -78,8 +64,7 @@ try:
 except tsl.BackendUnavailable as e:          # jax/jaxlib is an optional extra
     print("not run:", e)
 
-# 5. The estimate from the TAM. This schedule does not pipeline, so each tile's load and its
-#    MXU passes add up.
+# 5. The estimate from the TAM: MXU passes, padding, HBM traffic of the staged tiles, VMEM.
 print(art.estimate())
 
 # 6. The default schedule pipelines the reduction blocks (double-buffered VMEM tiles, which the

@@ -61,6 +61,7 @@ def _schedule(op, machine):
 
     s = Schedule(op, machine)
     default_schedule(op.name)(s)
+    s.validate()
     return s
 
 

@@ -13,7 +13,7 @@ change>``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import ScheduleError
 from ..ops.operator import Operator
@@ -294,7 +294,7 @@ class Schedule:
                                 f"staged outside every reduction loop; {at.name} is inside "
                                 f"one. Stage it at a spatial loop outside k")
         dtype = self._operand_dtype(operand)
-        st = Stage(operand, lv, at, self.op_footprint(operand, at), dtype)
+        st = Stage(operand, lv, at, self.op_footprint(operand, at, lv), dtype)
         self.stages.append(st)
         self._check_capacity(f"cache({operand!r}, {role!r}, at={at.name})")
         self.steps.append(Step("cache", (operand, role, at), (lv.name,)))
@@ -392,18 +392,33 @@ class Schedule:
             return self.op.acc_dtype
         return self.op.input(operand).dtype
 
-    def op_footprint(self, operand: str, at: Loop) -> int:
-        """Elements of `operand` touched by one iteration of `at` (its inner loops)."""
+    def op_footprint(self, operand: str, at: Loop, level: MemoryLevel | None = None) -> int:
+        """Elements of `operand` touched by one iteration of `at` (its inner loops). A level
+        shared by the instances of a finer compute level (shared memory of a block's warps)
+        holds the tiles of all of them: loops outside `at` run in parallel on such a finer
+        level count as well."""
+        names = [c.name for c in self.machine.compute]
+        shared_below = names.index(level.per) if level is not None and level.per in names else None
+        inner = self.loops[self.loops.index(at) + 1:]
+        if shared_below is not None:
+            inner += [lp for lp in self.loops[:self.loops.index(at) + 1]
+                      if lp.parallel and names.index(lp.parallel) > shared_below]
         ext = {a: 1 for a in self._extent}
-        for lp in self.loops[self.loops.index(at) + 1:]:
+        for lp in inner:
             for part in lp.parts or (lp,):
                 ext[part.axes[0]] *= part.extent
         return self.op.footprint(operand, ext)
+
+    def validate(self) -> None:
+        """Check every staged tile against its level again, on the final loop nest."""
+        self._check_capacity("validate")
 
     def _outer(self, at: Loop) -> list[Loop]:
         return self.loops[:self.loops.index(at) + 1]
 
     def _check_capacity(self, where: str) -> None:
+        self.stages = [replace(st, elements=self.op_footprint(st.operand, st.at, st.level))
+                       for st in self.stages]
         use: dict[str, int] = {}
         for st in self.stages:
             use[st.level.name] = use.get(st.level.name, 0) + st.bytes * st.at.stages

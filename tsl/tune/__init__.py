@@ -49,6 +49,7 @@ def record(op, machine, schedule_fn, knobs) -> Schedule | None:
     s = Schedule(op, machine, knobs)
     try:
         schedule_fn(s)
+        s.validate()
     except ScheduleError:
         return None
     return s
