@@ -96,7 +96,7 @@ class VTAArtifact(Artifact):
                                       {n: getattr(cfg, n) for n in names})
         return self._estimate
 
-    def benchmark(self, tune_trials: int = 16) -> dict:
+    def benchmark(self, tune_trials: int = 24) -> dict:
         """Simulated cycles of the project's schedule and of the classic VTA tile configuration
         of the same operator (vta.md §6 layers), under the same cycle model. "Ours" is the
         better of the default knobs and a `tsl.tune` search of `tune_trials` programs over the
