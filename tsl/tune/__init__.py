@@ -121,7 +121,7 @@ def neighbours(s: Schedule, op, machine, schedule_fn) -> list[Schedule]:
 
 
 def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
-         pool: int = 400, batch: int = 4, seed: int = 0, start: list[dict] | None = None,
+         pool: int = 600, batch: int = 4, seed: int = 0, start: list[dict] | None = None,
          measure: Callable | None = None) -> TuneResult:
     """Search the knobs of `schedule` (default: the operator's) for `op` on `target`.
 
