@@ -88,6 +88,22 @@ def _round_choices(extent: int, unit: int, choices):
     return kept or [1]
 
 
+def _stage_and_map(s: Schedule, tiles, k_block, k_step, prim_loop, stages: int) -> None:
+    """The part every operator shares: accumulator tiles over the subcore level (when there is
+    one) with C staged there, operands packed, staged per reduction block and step, the block
+    loop pipelined, the primitive mapped and the epilogue fused."""
+    tile = s.parallel(tiles, "subcore") or tiles[-1]
+    s.cache("C", "accumulator", at=tile)
+    s.pack("A")
+    s.pack("B")
+    for operand in ("A", "B"):
+        s.cache(operand, "scratchpad", at=k_block)
+        s.cache(operand, "operand", at=k_step)
+    s.pipeline(k_block, stages)
+    s.tensorize(prim_loop)
+    s.fuse_epilogue()
+
+
 def schedule_gemm(s: Schedule) -> None:
     """matmul, batch_matmul and dense: a multi-level tiled GEMM feeding the tensor primitive."""
     p = _primitive(s)
@@ -115,16 +131,7 @@ def schedule_gemm(s: Schedule) -> None:
     blocks = [j0, i0] if outer == "n" else [i0, j0]
     s.reorder(*b, *blocks, i1, j1, k0, k1, i2, j2, i3, j3, k2)
     s.parallel(b + blocks, "core")
-    tile = s.parallel([i1, j1], "subcore") or j1
-    s.cache("C", "accumulator", at=tile)
-    s.pack("A")
-    s.pack("B")
-    for operand in ("A", "B"):
-        s.cache(operand, "scratchpad", at=k0)
-        s.cache(operand, "operand", at=k1)
-    s.pipeline(k0, stages)
-    s.tensorize(i3)
-    s.fuse_epilogue()
+    _stage_and_map(s, [i1, j1], k0, k1, i3, stages)
 
 
 def schedule_conv2d(s: Schedule) -> None:
@@ -167,16 +174,7 @@ def schedule_conv2d(s: Schedule) -> None:
     # virtual threads).
     axes = s.knob("parallel_axes", ("n_oh_co", "co", "oh"))
     s.parallel({"n_oh_co": [n, oh0, co0], "co": [co0], "oh": [oh0]}[axes], "core")
-    tile = s.parallel([ow0, co1], "subcore") or co1
-    s.cache("C", "accumulator", at=tile)
-    s.pack("A")
-    s.pack("B")
-    for operand in ("A", "B"):
-        s.cache(operand, "scratchpad", at=ci0)
-        s.cache(operand, "operand", at=ci1)
-    s.pipeline(ci0, stages)
-    s.tensorize(ow2)
-    s.fuse_epilogue()
+    _stage_and_map(s, [ow0, co1], ci0, ci1, ow2, stages)
 
 
 DEFAULT = {"matmul": schedule_gemm, "batch_matmul": schedule_gemm, "dense": schedule_gemm,
