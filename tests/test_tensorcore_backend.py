@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 
 import tsl
+import wmma_emulator
 from tsl.backends.cuda_tensorcore import backend, codegen, runtime
 
 ARCHS = ("sm_80", "sm_90")
 needs_nvcc = pytest.mark.skipif(codegen.nvcc() is None, reason="nvcc not found")
 needs_gpu = pytest.mark.skipif(runtime.gpu_missing() is not None, reason="no CUDA GPU")
+needs_gxx = pytest.mark.skipif(not wmma_emulator.available(), reason="g++ not found")
 
 # Every operator x dtype of the default suite, at sizes that compile quickly.
 SUITE = {
@@ -24,10 +26,34 @@ SUITE = {
                                                  epilogue=tsl.ops.bias() + tsl.ops.relu()),
 }
 
+# conv2d NHWC (an implicit GEMM) with the default schedule: each dtype with its epilogue, a
+# stride-2 layer, a 1x1 layer, and channel counts that are not multiples of 16 (the core pads
+# them).
+_BIAS_RELU = tsl.ops.bias() + tsl.ops.relu()
+CONV = {
+    "conv-f16-bias-relu": lambda: tsl.ops.conv2d(1, 32, 8, 8, 32, 3, 3, padding=1, layout="NHWC",
+                                                 dtype="float16", epilogue=_BIAS_RELU),
+    "conv-bf16-bias-relu": lambda: tsl.ops.conv2d(2, 32, 8, 8, 48, 3, 3, padding=1,
+                                                  layout="NHWC", dtype="bfloat16",
+                                                  epilogue=_BIAS_RELU),
+    "conv-s8-requantize": lambda: tsl.ops.conv2d(
+        1, 32, 8, 8, 32, 3, 3, padding=1, layout="NHWC", dtype="int8",
+        epilogue=tsl.ops.requantize(shift=8, bias=True, clip=(0, 127))),
+    "conv-f16-stride2": lambda: tsl.ops.conv2d(1, 32, 16, 16, 32, 3, 3, stride=2, padding=1,
+                                               layout="NHWC", dtype="float16"),
+    "conv-f16-1x1": lambda: tsl.ops.conv2d(2, 64, 8, 8, 32, 1, 1, layout="NHWC",
+                                           dtype="float16"),
+    "conv-f16-3to20-channels": lambda: tsl.ops.conv2d(2, 3, 9, 9, 20, 3, 3, padding=1,
+                                                      layout="NHWC", dtype="float16"),
+    "conv-s8-24to40-channels-stride2": lambda: tsl.ops.conv2d(1, 24, 14, 14, 40, 3, 3, stride=2,
+                                                              padding=1, layout="NHWC",
+                                                              dtype="int8"),
+}
+
 
 @cache
 def built(name: str, machine: str = "tensorcore-sm90"):
-    return tsl.build(SUITE[name](), target=machine)
+    return tsl.build({**SUITE, **CONV}[name](), target=machine)
 
 
 @pytest.mark.parametrize("name,sms,smem,peak", [("tensorcore-sm80", 108, 163 * 1024, 3.119e14),
@@ -55,9 +81,21 @@ def test_cuda_source(name):
     assert [p[1] for p in k.params][:2] == [art.op.dtype] * 2
 
 
+@pytest.mark.parametrize("name", CONV)
+def test_conv2d_cuda_source(name):
+    art = built(name)
+    src = art.source()
+    assert "nvcuda::wmma::mma_sync" in src and "cp.async" in src
+    assert "extern __shared__" in src
+    k = art.kernel
+    assert k.block[0] == 32 and k.grid[0] >= 1
+    assert [p[1] for p in k.params][:2] == [art.op.dtype] * 2
+    assert k.params[-1][1] == art.op.output.dtype
+
+
 @needs_nvcc
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", SUITE)
+@pytest.mark.parametrize("name", [*SUITE, *CONV])
 def test_ptx_and_resources(name, arch):
     art = built(name, "tensorcore-sm80" if arch == "sm_80" else "tensorcore-sm90")
     ins = art.instructions(arch)
@@ -81,10 +119,35 @@ def test_too_much_shared_memory_is_a_schedule_error():
         tsl.build(op, "tensorcore-sm80", knobs={"k_inner": 16, "stages": 2})
 
 
-def test_conv2d_is_refused_clearly():
-    op = tsl.ops.conv2d(1, 32, 8, 8, 32, 3, 3, padding=1, layout="NHWC", dtype="float16")
-    with pytest.raises(tsl.LoweringError, match="implicit-GEMM"):
+@needs_nvcc
+def test_conv2d_resnet_layer_of_the_bench():
+    op = tsl.ops.conv2d(8, 64, 56, 56, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")
+    for machine, arch in (("tensorcore-sm80", "sm_80"), ("tensorcore-sm90", "sm_90")):
+        art = tsl.build(op, machine)
+        ok, summary = art.check(arch)
+        assert ok, summary
+
+
+def test_conv2d_nchw_is_refused_clearly():
+    op = tsl.ops.conv2d(1, 32, 8, 8, 32, 3, 3, padding=1, layout="NCHW", dtype="float16")
+    with pytest.raises(tsl.LoweringError, match="layout='NHWC'"):
         tsl.build(op, "tensorcore-sm90")
+
+
+def test_conv2d_tiles_over_shared_memory_are_a_schedule_error():
+    # The TSL footprints fit; the int8 window tile, whose 16-byte fragment rows are padded to
+    # 32 bytes, does not: refused on the lowered TIR, before any CUDA is generated.
+    op = tsl.ops.conv2d(1, 256, 28, 28, 128, 3, 3, padding=1, layout="NHWC", dtype="int8")
+    knobs = {"ci_inner": 4, "w_inner": 2, "co_inner": 8}
+    tsl.schedule(op, "tensorcore-sm80", knobs=knobs)
+    with pytest.raises(tsl.ScheduleError, match="does not fit tensorcore-sm80: shared memory"):
+        tsl.build(op, "tensorcore-sm80", knobs=knobs)
+
+
+def test_conv2d_serial_loops_outside_the_grid_are_refused():
+    op = tsl.ops.conv2d(1, 32, 8, 8, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")
+    with pytest.raises(tsl.LoweringError, match="parallel_axes='n_oh_co'"):
+        tsl.build(op, "tensorcore-sm90", knobs={"parallel_axes": "co"})
 
 
 @needs_nvcc
@@ -126,9 +189,29 @@ def test_run_without_gpu_is_backend_unavailable():
         art.run(*art.op.random_inputs(0))
 
 
+@needs_gxx
+@pytest.mark.parametrize("name", [*SUITE, *CONV])
+def test_numerics_emulated_on_the_cpu(name):
+    """The CUDA kernel itself, run by g++ on the host (tests/wmma_emulator.py), against the
+    NumPy reference; WMMA pointers and leading dimensions are checked against CUDA's rules."""
+    ok, err = wmma_emulator.verify(built(name), seed=3)
+    assert ok, err
+
+
+@needs_gxx
+def test_conv2d_emulated_with_several_warps():
+    """Six warps (3 x 2 accumulator tiles) share the shared-memory tiles of the block."""
+    op = tsl.ops.conv2d(2, 40, 14, 14, 72, 3, 3, stride=2, padding=1, layout="NHWC",
+                        dtype="bfloat16")
+    art = tsl.build(op, "tensorcore-sm90", knobs={"w_inner": 1, "co_inner": 1, "co_outer": 2})
+    assert art.kernel.block == (32, 2, 1)
+    ok, err = wmma_emulator.verify(art)
+    assert ok, err
+
+
 @needs_gpu
 @needs_nvcc
-@pytest.mark.parametrize("name", SUITE)
+@pytest.mark.parametrize("name", [*SUITE, *CONV])
 def test_numerics_on_gpu(name):
     art = built(name)
     ok, err = art.verify(seed=int(np.random.default_rng().integers(1 << 30)))

@@ -116,10 +116,13 @@ def schedule_gemm(s: Schedule) -> None:
     n_inner = s.knob("n_inner", (1, 2, 3, 4, 6, 8), ni0)
     mr, nr = m_inner * p.m, n_inner * p.n
     sub = s.machine.compute_level("subcore")
-    m_outer = s.knob("m_outer", _round_choices(M, mr, (1, 2, 4, 8, 16, 32)),
-                     2 if sub and sub.count >= 4 else 1)
-    n_outer = s.knob("n_outer", _round_choices(N, nr, (1, 2, 4, 8, 16, 32)),
-                     2 if sub and sub.count >= 4 else 1)
+    # Accumulator tiles per block side: 2 x 2 when there are warps to run them, as far as the
+    # operator is large enough.
+    per_side = 2 if sub and sub.count >= 4 else 1
+    m_choices = _round_choices(M, mr, (1, 2, 4, 8, 16, 32))
+    n_choices = _round_choices(N, nr, (1, 2, 4, 8, 16, 32))
+    m_outer = s.knob("m_outer", m_choices, min(per_side, max(m_choices)))
+    n_outer = s.knob("n_outer", n_choices, min(per_side, max(n_choices)))
     k_choices = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     k_inner = s.knob("k_inner", k_choices,
                      _pick_k(s, p, mr * m_outer, nr * n_outer, k_choices, K, stages))

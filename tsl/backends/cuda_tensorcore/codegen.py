@@ -126,8 +126,8 @@ def check_fits(k: "Kernel", machine) -> None:
         problems.append(f"{threads} threads per block")
     if problems:
         raise ScheduleError(f"the schedule does not fit {machine.name}: " + "; ".join(problems)
-                            + ". Use smaller tiles (m_inner/n_inner/k_inner knobs) or fewer "
-                            "pipeline stages")
+                            + ". Use smaller tiles (m_inner/n_inner/k_inner knobs; for conv2d "
+                            "w_inner/co_inner/ci_inner) or fewer pipeline stages")
 
 
 def _pointee(var) -> str:

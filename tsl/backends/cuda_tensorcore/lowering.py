@@ -12,6 +12,15 @@
 Every staged A/B tile is stored "16-blocked": its innermost dimension x becomes (x // 16, ..., x % 16),
 so each 16x16 fragment is one contiguous, 256-bit aligned block of shared memory. That is what
 wmma.load_matrix_sync needs (aligned pointer, ldm = 16) and it reads without bank conflicts.
+
+conv2d (NHWC data, RSCK weights) is an implicit GEMM: rows are output pixels, columns output
+channels, the reduction is (r, s, input channel). The weights' tile is staged like a GEMM's B.
+The data's tile is the kernel window, (h, w, c), not an im2col matrix (that would be R x S times
+larger): it is stored (c // 16, n, h, w % stride, w // stride, c % 16), so the 16 pixels of an A
+fragment at kernel offset (r, s) are 16 consecutive 32-byte rows wherever the window starts
+(`_window_layout`). The fragment stage is indexed as the implicit GEMM's A (`_im2col_fragment`,
+s_tir reindex_cache_read), so fragments sit at multiples of 16 there and the loads tensorize.
+NCHW is refused: its tiles would need a transposing copy.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 from ...errors import LoweringError
 from ...lower import LowerContext, Lowering
 from ...primitives.schedule import Loop
+from ...tam.machine import dtype_bytes
 from . import intrinsics
 
 SHARED = "shared.dyn"
@@ -34,6 +44,13 @@ class TensorCoreLowering(Lowering):
     def cache(self, ctx: LowerContext, stage) -> None:
         sch, blk, at = ctx.sch, ctx.block, ctx.rv(stage.at)
         role = stage.level.role
+        if ctx.op.name == "conv2d" and ctx.op.params["layout"] != "NHWC":
+            raise LoweringError(
+                f"{ctx.tsl.op} on {self.machine.name}: the Tensor Core back end builds conv2d "
+                f"in layout='NHWC' only (data NHWC, weights RSCK: input channels innermost, "
+                f"the implicit GEMM's reduction); {ctx.op.params['layout']} would need a "
+                f"transposing copy of every tile. Use tsl.ops.conv2d(..., layout='NHWC')")
+        self._bind_parallel(ctx)
         if stage.operand == "C":
             # fragments -> a 16x16 tile of static shared memory per warp -> epilogue -> global
             store = sch.cache_write(blk, 0, "shared")
@@ -43,10 +60,17 @@ class TensorCoreLowering(Lowering):
             ctx.blocks.update(C_acc=acc, C_store=store)
             return
         idx = self._read_index(ctx, ctx.input_index(stage.operand))
+        window = stage.operand == "A" and ctx.op.name == "conv2d"
         if role == "scratchpad":
             cr = sch.cache_read(blk, idx, SHARED)
-            _blocked(sch, cr, ("write", 0))
+            if window:
+                _window_layout(sch, cr, ctx.op)
+            else:
+                _blocked(sch, cr, ("write", 0))
             ctx.blocks[f"{stage.operand}_shared"] = cr
+        elif role == "operand" and window:
+            cr = _im2col_fragment(sch, blk, idx)
+            ctx.blocks["A_frag"] = cr
         elif role == "operand":
             cr = sch.cache_read(blk, idx, f"wmma.matrix_{stage.operand.lower()}")
             ctx.blocks[f"{stage.operand}_frag"] = cr
@@ -54,9 +78,39 @@ class TensorCoreLowering(Lowering):
             raise LoweringError(f"the Tensor Core back end has no {role} level for "
                                 f"{stage.operand}")
         sch.compute_at(cr, at, preserve_unit_loops=True)
+        if window and role == "operand":
+            # Its loops follow block C's iterators (n, p, q, r, s, ci); rows, then columns
+            # innermost, as the 16x16 fragment loads want them.
+            iters = [iv.var.name.removeprefix("v_") for iv in sch.get(cr).iter_vars]
+            loops = dict(zip(iters, sch.get_loops(cr)[-len(iters):]))
+            offsets = [loops[a] for a in ("r", "s") if a in loops]
+            if offsets:
+                sch.reorder(*offsets, loops["q"])
 
     def bind(self, ctx: LowerContext, rv, level) -> None:
-        ctx.sch.bind(rv, level.bind)
+        if ctx.sch.get(rv).thread_binding is None:  # not bound yet by _bind_parallel
+            ctx.sch.bind(rv, level.bind)
+
+    def _bind_parallel(self, ctx: LowerContext) -> None:
+        """Bind the parallel loops (blocks, warps) before any tile is staged under them: a
+        shared tile staged inside the warp loop is then the whole block's tile (s_tir relaxes
+        a shared buffer's region over threadIdx-bound loops), which all warps fill together.
+        Staged before the binding it would be one warp's tile, filled by threads of every
+        warp: rows of it would never be loaded."""
+        loops = ctx.tsl.loops
+        first = next((i for i, lp in enumerate(loops) if lp.parallel), len(loops))
+        serial = [lp.name for lp in loops[:first] if lp.extent > 1]
+        if serial:
+            where = (f"outside the loop spread over thread blocks ({loops[first].name})"
+                     if first < len(loops) else "and no loop is spread over thread blocks")
+            raise LoweringError(
+                f"{ctx.tsl.op} on {self.machine.name}: loops {serial} run serially {where}; "
+                f"one CUDA kernel needs every loop outside its blocks in the grid: make them "
+                f"parallel over the core level too (for the default conv2d schedule: knob "
+                f"parallel_axes='n_oh_co')")
+        for lp in loops:
+            if lp.parallel:
+                self.bind(ctx, ctx.rv(lp), ctx.tsl.machine.compute_level(lp.parallel))
 
     def pipeline(self, ctx: LowerContext, loop: Loop, stages: int) -> None:
         """The shared tiles of iteration t+stages-1 are fetched (cp.async) while the warps
@@ -86,12 +140,6 @@ class TensorCoreLowering(Lowering):
             raise LoweringError(f"tensorize({loop.name}) on {self.machine.name} needs A and B "
                                 f"staged in the scratchpad and operand levels and C in the "
                                 f"accumulator level (cache(...)); missing: {missing}")
-        if op.name == "conv2d":
-            raise LoweringError(
-                f"conv2d on {self.machine.name}: the implicit-GEMM lowering is not done yet (the "
-                f"kernel-window offset of an A fragment, r + p and s + q, is not a multiple of "
-                f"16, which wmma tensorization needs; an im2col reindex of A is the way). "
-                f"matmul, batch_matmul and dense build")
         dt, acc = op.dtype, op.acc_dtype
         b_col = bool(op.params.get("transpose_b"))  # B given as [N, K]: column-major fragments
         k_outer = next(lp for lp in s.loops if s.role_of(lp.axes[0]) == "k")
@@ -117,8 +165,17 @@ class TensorCoreLowering(Lowering):
         warps = next((lp.extent for lp in s.loops if lp.parallel
                       and s.machine.compute_level(lp.parallel).role == "subcore"), 1)
         for operand in ("A", "B"):
-            _spread(sch, ctx.blocks[f"{operand}_shared"], warps, ctx.op.dtype)
-        _spread(sch, ctx.blocks["C_store"], 1, ctx.op.out_dtype)
+            window = ctx.op.name == "conv2d" and operand == "A"
+            # TVM turns a 16 x int8 copy with zero padding into neither cp.async nor
+            # compilable CUDA (make_int4 of 16 chars): 4-byte copies for that one.
+            narrow = window and ctx.op.dtype in ("int8", "uint8") and ctx.op.params["padding"]
+            _spread(sch, ctx.blocks[f"{operand}_shared"], warps, ctx.op.dtype, window=window,
+                    vector_bytes=4 if narrow else VECTOR_BYTES)
+        # The epilogue computes in the accumulator's dtype: at most 16 bytes of that per
+        # vector (TVM's CUDA code for int32x8, the math of 8 int8 outputs, does not compile).
+        out_bytes, acc_bytes = dtype_bytes(ctx.op.out_dtype), dtype_bytes(ctx.op.acc_dtype)
+        _spread(sch, ctx.blocks["C_store"], 1, ctx.op.out_dtype,
+                vector_bytes=int(VECTOR_BYTES * min(1, out_bytes / acc_bytes)))
 
 
 def _blocked(sch, block, buffer) -> None:
@@ -128,6 +185,53 @@ def _blocked(sch, block, buffer) -> None:
     ndim = len(sch.get(block).writes[0].source.shape)
     sch.transform_layout(block, buffer, IndexMap.from_func(
         lambda *i: (i[-1] // 16, *i[:-1], i[-1] % 16), ndim=ndim, index_dtype="int32"))
+
+
+def _window_layout(sch, block, op) -> None:
+    """The shared tile of a conv2d's (padded) NHWC input, the kernel window's rows of it:
+    (n, h, w, c) -> (c // 16, n, h, w % stride, w // stride, c % 16).
+
+    An A fragment of the implicit GEMM is 16 output pixels (rows) x 16 input channels at one
+    kernel offset (r, s): input columns w = q * stride + s * dilation for 16 consecutive q.
+    With the columns split by phase (w % stride) those are 16 consecutive rows of 16 channels,
+    i.e. one contiguous 16x16 block (ldm = 16), whatever s is: it starts at any row, not at a
+    multiple of 16, which is why the fragment stage is an im2col view (`_im2col_fragment`).
+    A row of 16 int8 is 16 bytes: rows are padded to 32 so that every fragment starts 256-bit
+    aligned, as wmma.load_matrix_sync requires."""
+    from tvm.tirx import IndexMap, const
+
+    st = int(op.params["stride"])
+    if st == 1:
+        index_map = lambda n, h, w, c: (c // 16, n, h, w, c % 16)  # noqa: E731
+    else:
+        index_map = lambda n, h, w, c: (c // 16, n, h, w % st, w // st, c % 16)  # noqa: E731
+    extent = int(sch.get(block).writes[0].region[2].extent)
+    sch.transform_layout(block, ("write", 0),
+                         IndexMap.from_func(index_map, ndim=4, index_dtype="int32"),
+                         pad_value=None if extent % st == 0 else const(0, op.dtype))
+    row = 16 * dtype_bytes(op.dtype)
+    if row % 32:
+        sch.storage_align(block, 0, axis=-2, factor=int(32 // dtype_bytes(op.dtype)), offset=0)
+
+
+def _im2col_fragment(sch, block, read_index):
+    """A's wmma.matrix_a stage of a conv2d, indexed as the implicit GEMM's A (its rows are
+    output pixels, its columns input channels at one kernel offset): every fragment is at a
+    multiple of 16 there, so the fragment loads tensorize, reading the shared window tile at
+    (p * stride + r, q * stride + s)."""
+    import tvm_ffi
+    from tvm import tirx
+    from tvm.tirx import IndexMap
+
+    blk = sch.get(block)
+    used: set[str] = set()  # a kernel axis of extent 1 is not in the access (a 1x1 conv)
+    for rng in blk.reads[read_index].region:
+        tvm_ffi.structural_walk(rng.min, [(tirx.Var, lambda v: used.add(v.name))])
+    names = [iv.var.name for iv in blk.iter_vars]
+    pos = {n.removeprefix("v_"): i for i, n in enumerate(names) if n in used}
+    order = [pos[a] for a in ("n", "p", "r", "s", "q", "ci") if a in pos]
+    return sch.reindex_cache_read(block, read_index, "wmma.matrix_a", IndexMap.from_func(
+        lambda *v: tuple(v[i] for i in order), ndim=len(names), index_dtype="int32"))
 
 
 def _split16(sch, block):
@@ -144,21 +248,34 @@ def _tile16(sch, block, intrin: str) -> None:
     sch.tensorize(_split16(sch, block)[2], intrin)
 
 
-def _spread(sch, block, warps: int, dtype: str) -> None:
-    """A copy block's own loops fused and split over (warps, 32 lanes, one vector each)."""
-    from ...tam.machine import dtype_bytes
+def _spread(sch, block, warps: int, dtype: str, window: bool = False,
+            vector_bytes: int = VECTOR_BYTES) -> None:
+    """A copy block's own loops fused and split over (warps, 32 lanes, one vector each).
 
+    `window`: the shared tile of a conv2d's input window, (n, h, w, c). Its size need not be
+    a whole number of rounds of warps x 32 vectors (3 x 66 pixels x 32 channels): the last
+    round is predicated. The vector is split off the channel loop before the pixel loops are
+    fused, so that the pixel a vector belongs to (and the zero-padding test of the window)
+    visibly does not depend on the lane: the copy stays one vector (cp.async with zero fill)."""
     loops = sch.get_loops(block)[-len(sch.get(block).iter_vars):]
     total = 1
     for lp in loops:
         total *= int(sch.get(lp).extent)
-    vec = int(VECTOR_BYTES // dtype_bytes(dtype))
+    vec = int(vector_bytes // dtype_bytes(dtype))
     inner = sch.get(loops[-1]).extent
-    while vec > 1 and (total % (vec * 32 * warps) or int(inner) % vec):
+    while vec > 1 and ((total % (vec * 32 * warps) and not window) or int(inner) % vec):
         vec //= 2
-    fused = sch.fuse(*loops)
-    factors = [None] + ([warps] if warps > 1 else []) + [32, vec]
+    if window:
+        *pixels, channels = loops
+        channels, lanes = sch.split(channels, [None, vec])
+        fused = sch.fuse(*pixels, channels)
+        factors = [None] + ([warps] if warps > 1 else []) + [32]
+    else:
+        fused = sch.fuse(*loops)
+        factors = [None] + ([warps] if warps > 1 else []) + [32, vec]
     parts = sch.split(fused, factors)
+    if window:
+        parts.append(lanes)
     if warps > 1:
         sch.bind(parts[1], "threadIdx.y")
     sch.bind(parts[-2], "threadIdx.x")

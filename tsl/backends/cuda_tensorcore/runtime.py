@@ -200,7 +200,9 @@ class TensorCoreArtifact(Artifact):
         (path / f"kernel_{self.arch}.cubin").write_bytes(cubin)
         big = self.ctx.op
         tensors = list(big.inputs) + [big.output]
-        if [n for n, _ in self.kernel.params] != [f"{t.name}_ptr" for t in tensors]:
+        # The output is the kernel's last parameter: "out" after an epilogue, else "C".
+        names = [n for n, _ in self.kernel.params]
+        if names[:-1] != [f"{t.name}_ptr" for t in big.inputs] or len(names) != len(tensors):
             raise LoweringError(f"kernel parameters {self.kernel.params} are not the operator's "
                                 f"tensors {[t.name for t in tensors]} in order")
         meta = self.kernel.launch() | {
@@ -211,7 +213,13 @@ class TensorCoreArtifact(Artifact):
             "shapes": {t.name: list(t.shape) for t in list(self.op.inputs) + [self.op.output]},
             "op": {"name": self.op.name, "dtype": self.op.dtype,
                    "transpose_b": bool(self.op.params.get("transpose_b")),
-                   "epilogue": [step.kind for step in self.op.epilogue.steps]},
+                   "epilogue": [step.kind for step in self.op.epilogue.steps],
+                   "epilogue_steps": [{"kind": step.kind, "value": list(step.value)}
+                                      for step in self.op.epilogue.steps],
+                   "out_dtype": self.op.output.dtype,
+                   **({k: self.op.params[k] for k in ("stride", "padding", "dilation",
+                                                       "layout")}
+                      if self.op.name == "conv2d" else {})},
             "flops": 2 * self.op.macs,
             "resources": {k: v for k, v in rep.items() if k != "log"}}
         (path / "kernel.json").write_text(json.dumps(meta, indent=1))
