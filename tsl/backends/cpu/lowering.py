@@ -45,7 +45,7 @@ class CPULowering(Lowering):
             blocks = {md: mr} | ({kd: p.k} if kb else {})
             inner = ((md, "i"),) + (((kd, "i"),) if kb else ())
             return Blocked(blocks, batch + ((md, "o"), (kd, "o")) + inner)
-        nb = ctx.tsl.knob_values.get("n_inner", 1) * p.n if p.k == 1 else p.n
+        nb = ctx.tsl.knob_values.get("n_inner", 1) * p.n
         kd, nd_ = (nd - 1, nd - 2) if op.params["transpose_b"] else (nd - 2, nd - 1)
         blocks = {nd_: nb} | ({kd: p.k} if kb else {})
         inner = ((nd_, "i"),) + (((kd, "i"),) if kb else ())
