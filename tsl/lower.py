@@ -135,35 +135,26 @@ def lower(schedule: Schedule, lowering: Lowering) -> LowerContext:
 def _replay(s: Schedule, hooks: Lowering, ctx: LowerContext) -> None:
     sch = ctx.sch
     blk = ctx.block
-    for ax, rv in zip(s.op.axes, sch.get_loops(blk)):
-        ctx.loops[("axis", ax.name)] = rv
-    # Phase 1: loop structure.
-    current = {ax.name: ctx.loops.pop(("axis", ax.name)) for ax in s.op.axes}
+    # Phase 1: loop structure. `current` maps each operator axis to its original loop, `by_loop`
+    # each TSL loop made by a step to its s_tir loop.
+    current = {ax.name: rv for ax, rv in zip(s.op.axes, sch.get_loops(blk))}
     by_loop = {}
-    initial = {}
     for step in s.steps:
         if step.primitive == "tile":
-            loop = step.args[0]
-            rv = by_loop.get(id(loop)) or current[loop.axes[0]]
-            new = sch.split(rv, factors=[lp.extent for lp in step.result])
-            for lp, r in zip(step.result, new):
-                by_loop[id(lp)] = r
+            new = sch.split(_rv(by_loop, current, step.args[0]),
+                            factors=[lp.extent for lp in step.result])
+            by_loop.update((id(lp), r) for lp, r in zip(step.result, new))
         elif step.primitive == "reorder":
             sch.reorder(*[_rv(by_loop, current, lp) for lp in step.args])
         elif step.primitive == "fuse":
             by_loop[id(step.result[0])] = sch.fuse(*[_rv(by_loop, current, lp)
-                                                     for lp in step.args[0:]])
+                                                     for lp in step.args])
         elif step.primitive == "parallel" and step.result and isinstance(step.result[0], Loop):
-            loops = step.args[0]
-            if len(loops) > 1:
-                by_loop[id(step.result[0])] = sch.fuse(*[_rv(by_loop, current, lp)
-                                                         for lp in loops])
-            else:
-                by_loop[id(step.result[0])] = _rv(by_loop, current, loops[0])
+            rvs = [_rv(by_loop, current, lp) for lp in step.args[0]]
+            by_loop[id(step.result[0])] = sch.fuse(*rvs) if len(rvs) > 1 else rvs[0]
+    ctx.loops.update(by_loop)  # loops since fused stay reachable for the hooks
     for lp in s.loops:
         ctx.loops[id(lp)] = _rv(by_loop, current, lp)
-    for lp in list(by_loop):
-        ctx.loops.setdefault(lp, by_loop[lp])
     # Phase 2: packing. Block C's read of the operand is transformed: for a function argument
     # that changes the signature (the artifact packs the array), for a stage such as A_pad the
     # stage itself writes the packed layout inside the kernel.

@@ -29,9 +29,6 @@ def run_target(target: str, ops_filter, quick: bool, progress) -> list[dict]:
     rows = []
     suite = [op for op in backend.bench_suite(quick)
              if not ops_filter or op.name in ops_filter]
-    if hasattr(backend, "measure_baselines"):
-        progress(f"[{target}] measuring baselines ...")
-        backend.measure_baselines(suite)
     for n, op in enumerate(suite, 1):
         progress(f"[{target} {n}/{len(suite)}] {op} ...")
         row = {"op": op.name, "shape": op.shape_str, "dtype": op.dtype, "target": target}
@@ -41,13 +38,15 @@ def run_target(target: str, ops_filter, quick: bool, progress) -> list[dict]:
             t0 = time.perf_counter()
             art = backend.build(_schedule(op, machine))
             row["build_s"] = round(time.perf_counter() - t0, 2)
+            # Timed before it is verified: the NumPy reference leaves OpenBLAS' threads
+            # spinning for about a second, and on 2 cores they slow whatever runs next.
+            row.update(art.benchmark())
             try:
                 ok, err = art.verify(seed=n)
                 row["verified"], row["error"] = bool(ok), err
             except BackendUnavailable as e:
                 # Built and checked, but nothing here can run it (no GPU): the estimate stands.
                 row["verified"], row["unverified"] = None, str(e).splitlines()[0]
-            row.update(art.benchmark())
         except TSLError as e:
             row.update(verified=False, failed=f"{type(e).__name__}: {str(e).splitlines()[0]}",
                        baseline=None, speedup=None)

@@ -24,10 +24,5 @@ class CPUBackend(Backend):
     def bench_suite(self, quick: bool) -> list:
         return suite.suite(quick)
 
-    def measure_baselines(self, ops) -> None:
-        """NumPy's times for every row, before any tsl kernel runs (see numpy_baseline)."""
-        for op in ops:
-            suite.numpy_baseline(op)
-
 
 backend = CPUBackend()

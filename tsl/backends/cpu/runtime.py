@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from functools import cache
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,12 +13,17 @@ from ...artifact import Artifact
 from ...ops.operator import np_dtype
 
 
+@cache
 def set_threads(n: int) -> None:
-    """TVM's pool started with 1 of 2 cores here; pin it to the machine's core count."""
+    """TVM's pool started with 1 of 2 cores here; size it to the machine's core count, once:
+    every reconfiguration starts new worker threads."""
     import tvm_ffi
 
     os.environ["TVM_NUM_THREADS"] = str(n)
     tvm_ffi.get_global_func("runtime.config_threadpool")(0, n)
+
+
+SETTLE_SECONDS = 1.0
 
 
 @dataclass
@@ -78,6 +85,8 @@ class CPUArtifact(Artifact):
         from .suite import numpy_baseline
 
         base_name, base_rate = numpy_baseline(self.op)
+        # OpenBLAS' worker threads spin on after a call; on 2 cores they would slow the kernel.
+        time.sleep(SETTLE_SECONDS)
         sec = self.time(*self.op.random_inputs(7))
         rate = 2 * self.op.macs / sec
         peak = self.machine.peak(self.op.dtype)

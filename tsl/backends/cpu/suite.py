@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from functools import cache
 
 import numpy as np
 
@@ -46,9 +45,7 @@ def median_seconds(f, repeat: int = 7) -> float:
 
 def numpy_baseline(op) -> tuple[str, float]:
     """(name, ops per second) of NumPy's float32 matmul with the operator's MAC count and GEMM
-    shape (conv2d: its im2col GEMM, the im2col itself not counted). Measured once per shape:
-    `python -m tsl.bench` measures every baseline of a suite before the first tsl kernel, since
-    OpenBLAS' and TVM's worker threads spin after a call and slow whoever runs next."""
+    shape (conv2d: its im2col GEMM, the im2col itself not counted)."""
     if op.name == "conv2d":
         n, c, h, w, k, r, s = op.params["shape"]
         out = op.output.shape
@@ -60,7 +57,6 @@ def numpy_baseline(op) -> tuple[str, float]:
     return name, 2 * op.macs / _matmul_seconds(batch, *shape)
 
 
-@cache
 def _matmul_seconds(batch: int, m: int, n: int, k: int) -> float:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((batch, m, k), dtype=np.float32)
