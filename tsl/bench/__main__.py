@@ -77,11 +77,13 @@ def fmt(row: dict) -> list[str]:
     else:
         t = f"{row['seconds'] * 1e3:.3f} ms"
     sp = row.get("speedup")
-    verified = {True: "yes", False: "NO", None: "n/a (no device)"}[row["verified"]]
+    verified = {True: "yes", False: "NO", None: "n/a"}[row["verified"]]
+    notes = row.get("checks") or row.get("notes") or ""
+    if row["verified"] is None:
+        notes = f"{notes}; not run here: {row['unverified']}"
     return [row["op"], row["shape"], row["dtype"], row["target"], verified,
             t, f"{row['rate'] / 1e9:.1f} GOP/s", f"{row['pct_peak']:.1f}",
-            row.get("baseline") or "-", f"{sp:.2f}x" if sp is not None else "-",
-            str(row.get("checks") or row.get("notes") or "")[:120]]
+            row.get("baseline") or "-", f"{sp:.2f}x" if sp is not None else "-", notes[:200]]
 
 
 def print_table(rows: list[dict]) -> None:
