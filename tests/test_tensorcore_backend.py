@@ -51,9 +51,16 @@ CONV = {
 }
 
 
+# 2 x 2 warps of 64 x 64 accumulator tiles: the multi-warp kernels the suite's large GEMMs
+# get by default (the small test shapes would default to more, smaller blocks).
+WARPS_2X2 = {"m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 2}
+
+
 @cache
 def built(name: str, machine: str = "tensorcore-sm90"):
-    return tsl.build({**SUITE, **CONV}[name](), target=machine)
+    if name in SUITE:
+        return tsl.build(SUITE[name](), target=machine, knobs=WARPS_2X2)
+    return tsl.build(CONV[name](), target=machine)
 
 
 @pytest.mark.parametrize("name,sms,smem,peak", [("tensorcore-sm80", 108, 163 * 1024, 3.119e14),
@@ -79,6 +86,18 @@ def test_cuda_source(name):
     k = art.kernel
     assert k.block == (32, 4, 1) and k.grid[0] >= 1
     assert [p[1] for p in k.params][:2] == [art.op.dtype] * 2
+
+
+def test_small_gemm_spreads_over_the_sms():
+    art = tsl.build(tsl.ops.dense(128, 768, 768, dtype="float16"), "tensorcore-sm90")
+    assert art.kernel.grid[0] >= art.machine.cores()
+
+
+@needs_nvcc
+def test_small_gemm_ptx():
+    art = tsl.build(tsl.ops.dense(128, 768, 768, dtype="float16"), "tensorcore-sm90")
+    ok, summary = art.check("sm_90")
+    assert ok, summary
 
 
 @pytest.mark.parametrize("name", CONV)
@@ -109,14 +128,14 @@ def test_ptx_and_resources(name, arch):
 
 
 def test_unpipelined_schedule_has_no_cp_async():
-    art = tsl.build(SUITE["matmul-f16"](), "tensorcore-sm90", knobs={"stages": 1})
+    art = tsl.build(SUITE["matmul-f16"](), "tensorcore-sm90", knobs={**WARPS_2X2, "stages": 1})
     assert "cp.async" not in art.source() and not art.pipelined
 
 
 def test_too_much_shared_memory_is_a_schedule_error():
     op = tsl.ops.matmul(4096, 4096, 4096, dtype="float16")
     with pytest.raises(tsl.ScheduleError, match="smem"):
-        tsl.build(op, "tensorcore-sm80", knobs={"k_inner": 16, "stages": 2})
+        tsl.build(op, "tensorcore-sm80", knobs={**WARPS_2X2, "k_inner": 16, "stages": 2})
 
 
 @needs_nvcc

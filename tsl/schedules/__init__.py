@@ -15,6 +15,8 @@ back end's business)::
 
 from __future__ import annotations
 
+import math
+
 from ..errors import ScheduleError
 from ..primitives.schedule import Schedule
 from ..tam.machine import dtype_bytes
@@ -111,18 +113,28 @@ def schedule_gemm(s: Schedule) -> None:
     b = s.axes("b")
     M, N, K = i.extent, j.extent, k.extent
     stages = s.knob("stages", (2, 1))
-    mi0, ni0 = _pick_acc_tile(s, p, (1, 2, 4, 6, 8, 12, 16), (1, 2, 3, 4, 6, 8), M, N)
-    m_inner = s.knob("m_inner", (1, 2, 4, 6, 8, 12, 16), mi0)
-    n_inner = s.knob("n_inner", (1, 2, 3, 4, 6, 8), ni0)
-    mr, nr = m_inner * p.m, n_inner * p.n
+    m_tiles, n_tiles = (1, 2, 4, 6, 8, 12, 16), (1, 2, 3, 4, 6, 8)
+    mi0, ni0 = _pick_acc_tile(s, p, m_tiles, n_tiles, M, N)
     sub = s.machine.compute_level("subcore")
-    # Accumulator tiles per block side: 2 x 2 when there are warps to run them, as far as the
-    # operator is large enough.
-    per_side = 2 if sub and sub.count >= 4 else 1
+    # Accumulator tiles per block side: 2 x 2 when there are warps to run them.
+    mo0 = no0 = 2 if sub and sub.count >= 4 else 1
+    # Every core needs a block: a small operator gets fewer and then smaller tiles per block.
+    batch = math.prod(a.extent for a in b)
+    while batch * -(-M // (mi0 * p.m * mo0)) * -(-N // (ni0 * p.n * no0)) < s.machine.cores():
+        if mo0 * no0 > 1:
+            mo0, no0 = (mo0 // 2, no0) if mo0 >= no0 else (mo0, no0 // 2)
+        elif mi0 * ni0 > 1:
+            mi0, ni0 = ((max(t for t in m_tiles if t < mi0), ni0) if mi0 * p.m >= ni0 * p.n
+                        and mi0 > 1 or ni0 == 1 else (mi0, max(t for t in n_tiles if t < ni0)))
+        else:
+            break
+    m_inner = s.knob("m_inner", m_tiles, mi0)
+    n_inner = s.knob("n_inner", n_tiles, ni0)
+    mr, nr = m_inner * p.m, n_inner * p.n
     m_choices = _round_choices(M, mr, (1, 2, 4, 8, 16, 32))
     n_choices = _round_choices(N, nr, (1, 2, 4, 8, 16, 32))
-    m_outer = s.knob("m_outer", m_choices, min(per_side, max(m_choices)))
-    n_outer = s.knob("n_outer", n_choices, min(per_side, max(n_choices)))
+    m_outer = s.knob("m_outer", m_choices, min(mo0, max(m_choices)))
+    n_outer = s.knob("n_outer", n_choices, min(no0, max(n_choices)))
     k_choices = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     k_inner = s.knob("k_inner", k_choices,
                      _pick_k(s, p, mr * m_outer, nr * n_outer, k_choices, K, stages))
