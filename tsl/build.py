@@ -12,15 +12,21 @@ from .schedules import default_schedule
 from .tam import Machine
 
 
+def record(op: Operator, machine: Machine, fn: Callable | None = None,
+           knobs: dict | None = None) -> Schedule:
+    """Run schedule function `fn` (default: the operator's) on a new `Schedule` of `op` for
+    `machine` and validate the final nest. Raises ScheduleError when it does not fit."""
+    s = Schedule(op, machine, knobs)
+    (fn or default_schedule(op.name))(s)
+    s.validate()
+    return s
+
+
 def schedule(op: Operator, target: str | Machine = "cpu", schedule: Callable | None = None,
              knobs: dict | None = None) -> Schedule:
     """Record `schedule` (default: the operator's) for `op` on the target's machine, validated
     against it; nothing is lowered. Raises ScheduleError when it does not fit."""
-    _, machine = resolve_target(target)
-    s = Schedule(op, machine, knobs)
-    (schedule or default_schedule(op.name))(s)
-    s.validate()
-    return s
+    return record(op, resolve_target(target)[1], schedule, knobs)
 
 
 def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None = None,
@@ -31,7 +37,4 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
     why = backend.unavailable(machine)
     if why:
         raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
-    s = Schedule(op, machine, knobs)
-    (schedule or default_schedule(op.name))(s)
-    s.validate()
-    return backend.build(s, **options)
+    return backend.build(record(op, machine, schedule, knobs), **options)

@@ -14,6 +14,7 @@ import sys
 import time
 
 from ..backend import resolve_target, targets
+from ..build import record
 from ..errors import BackendUnavailable, TSLError
 
 COLUMNS = ("op", "shape", "dtype", "target", "verified", "time", "rate", "peak%", "baseline",
@@ -36,7 +37,7 @@ def run_target(target: str, ops_filter, quick: bool, progress) -> list[dict]:
             row["shape"] += "/" + op.params["layout"]
         try:
             t0 = time.perf_counter()
-            art = backend.build(_schedule(op, machine))
+            art = backend.build(record(op, machine))
             row["build_s"] = round(time.perf_counter() - t0, 2)
             # Timed before it is verified: the NumPy reference leaves OpenBLAS' threads
             # spinning for about a second, and on 2 cores they slow whatever runs next.
@@ -52,16 +53,6 @@ def run_target(target: str, ops_filter, quick: bool, progress) -> list[dict]:
                        baseline=None, speedup=None)
         rows.append(row)
     return rows
-
-
-def _schedule(op, machine):
-    from ..primitives.schedule import Schedule
-    from ..schedules import default_schedule
-
-    s = Schedule(op, machine)
-    default_schedule(op.name)(s)
-    s.validate()
-    return s
 
 
 def fmt(row: dict) -> list[str]:

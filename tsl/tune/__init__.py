@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from ..backend import resolve_target
+from ..build import record as record_schedule
 from ..errors import LoweringError, ScheduleError
 from ..primitives.schedule import Schedule
 from ..schedules import default_schedule
@@ -46,13 +47,11 @@ class TuneResult:
 
 
 def record(op, machine, schedule_fn, knobs) -> Schedule | None:
-    s = Schedule(op, machine, knobs)
+    """The recorded schedule, or None when it does not fit the machine."""
     try:
-        schedule_fn(s)
-        s.validate()
+        return record_schedule(op, machine, schedule_fn, knobs)
     except ScheduleError:
         return None
-    return s
 
 
 def features(s: Schedule) -> list[float]:

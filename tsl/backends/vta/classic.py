@@ -13,6 +13,7 @@ The classic schedule's structure, and the knob that reproduces each part of it:
 from __future__ import annotations
 
 from ...ops import conv2d, dense, requantize
+from ...build import record
 from ...primitives.schedule import Schedule
 from ...schedules import schedule_conv2d
 
@@ -72,6 +73,4 @@ def knobs(op, machine) -> dict | None:
 
 
 def schedule(op, machine, knob_values: dict) -> Schedule:
-    s = Schedule(op, machine, knob_values)
-    schedule_conv2d(s)
-    return s
+    return record(op, machine, schedule_conv2d, knob_values)

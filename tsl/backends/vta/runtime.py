@@ -129,13 +129,10 @@ class VTAArtifact(Artifact):
 
     def _with(self, knobs: dict) -> "VTAArtifact":
         """The same operator built with the same schedule function and other knob values."""
-        from ...primitives.schedule import Schedule
-        from ...schedules import default_schedule
+        from ...build import record
         from . import backend
 
-        s = Schedule(self.op, self.machine, knobs)
-        default_schedule(self.op.name)(s)
-        return backend.build(s)
+        return backend.build(record(self.op, self.machine, knobs=knobs))
 
 
 def _unpack(lay, y: np.ndarray, shape) -> np.ndarray:
