@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from . import model
 from .backend import resolve_target
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, ScheduleError
 from .ops.operator import Operator
 from .primitives.schedule import Schedule
 from .schedules import default_schedule
@@ -15,10 +16,19 @@ from .tam import Machine
 def record(op: Operator, machine: Machine, fn: Callable | None = None,
            knobs: dict | None = None) -> Schedule:
     """Run schedule function `fn` (default: the operator's) on a new `Schedule` of `op` for
-    `machine` and validate the final nest. Raises ScheduleError when it does not fit."""
-    s = Schedule(op, machine, knobs)
-    (fn or default_schedule(op.name))(s)
-    s.validate()
+    `machine` and validate the final nest. Knobs not in `knobs` are the cost model's choice
+    (`tsl.model.choose`). Raises ScheduleError when it does not fit."""
+    fn = fn or default_schedule(op.name)
+    try:
+        s = model.record_fixed(op, machine, fn, knobs)
+    except ScheduleError as e:
+        # Unset knobs at their first choices may not fit where the model's choice does.
+        try:
+            return model.choose(op, machine, fn, knobs)
+        except ScheduleError:
+            raise e from None
+    if set(s.space) - set(knobs or {}):
+        return model.choose(op, machine, fn, knobs)
     return s
 
 

@@ -103,9 +103,10 @@ def _gemm(name, M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=0):
         Axis("i", M, "m"), Axis("j", N, "n"), Axis("k", K, "k"))
     shape = bshape + (M, N, K)
 
-    def footprint(operand, e):
-        b = e.get("b", 1)
-        return b * {"A": e["i"] * e["k"], "B": e["j"] * e["k"], "C": e["i"] * e["j"]}[operand]
+    def tile(operand, e):
+        b = (("b", e["b"], batch),) if batch else ()
+        i, j, k = ("i", e["i"], M), ("j", e["j"], N), ("k", e["k"], K)
+        return b + {"A": (i, k), "B": (j, k) if transpose_b else (k, j), "C": (i, j)}[operand]
 
     def pad(e):
         return _gemm(name, e["i"], e["j"], e["k"], dtype, acc_dtype, transpose_b, epilogue,
@@ -116,7 +117,7 @@ def _gemm(name, M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=0):
                     output=Tensor("out", bshape + (M, N), ep.out_dtype or acc, "out"),
                     axes=axes, macs=(batch or 1) * M * N * K,
                     _te=_gemm_te(name, dtype, acc, ep, batch, M, N, K, transpose_b, len(bshape) + 1),
-                    _ref=_gemm_ref(dtype, acc, ep, transpose_b), _footprint=footprint,
+                    _ref=_gemm_ref(dtype, acc, ep, transpose_b), _tile=tile,
                     _pad=pad, channel_axis=-1)
 
 
@@ -226,14 +227,19 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
             out = out.transpose(0, 2, 3, 1)
         return ep.numpy(out, rest[0] if rest else None, chan)
 
-    def footprint(operand, e):
+    def tile(operand, e):
+        n, ci, co = ("n", e["n"], N), ("ci", e["ci"], C), ("co", e["co"], K)
         if operand == "A":
+            # The input window of the output tile, clipped to the zero-padded input.
             h = (e["oh"] - 1) * stride + (e["r"] - 1) * dilation + 1
             w = (e["ow"] - 1) * stride + (e["s"] - 1) * dilation + 1
-            return e["n"] * e["ci"] * min(h, H + 2 * padding) * min(w, W + 2 * padding)
+            h, w = ("oh", min(h, H + 2 * padding), H), ("ow", min(w, W + 2 * padding), W)
+            return (n, ci, h, w) if nchw else (n, h, w, ci)
         if operand == "B":
-            return e["co"] * e["ci"] * e["r"] * e["s"]
-        return e["n"] * e["co"] * e["oh"] * e["ow"]
+            r, s = ("r", e["r"], R), ("s", e["s"], S)
+            return (co, ci, r, s) if nchw else (r, s, ci, co)
+        oh, ow = ("oh", e["oh"], P), ("ow", e["ow"], Q)
+        return (n, co, oh, ow) if nchw else (n, oh, ow, co)
 
     def pad(e):
         if (e["r"], e["s"], e["n"]) != (R, S, N):
@@ -248,5 +254,5 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
                                            "layout": layout},
                     dtype=dtype, acc_dtype=acc, epilogue=ep, inputs=inputs,
                     output=Tensor("out", oshape, ep.out_dtype or acc, "out"), axes=axes,
-                    macs=N * K * P * Q * C * R * S, _te=build, _ref=ref, _footprint=footprint,
+                    macs=N * K * P * Q * C * R * S, _te=build, _ref=ref, _tile=tile,
                     _pad=pad, channel_axis=chan)

@@ -7,6 +7,7 @@ work on roles, so one schedule serves any operator of a family and any machine.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -48,7 +49,7 @@ class Operator:
     macs: int
     _te: Callable = field(repr=False, compare=False)
     _ref: Callable = field(repr=False, compare=False)
-    _footprint: Callable = field(repr=False, compare=False)
+    _tile: Callable = field(repr=False, compare=False)
     _pad: Callable = field(repr=False, compare=False)
     channel_axis: int = -1  # where a bias broadcasts in the output
 
@@ -81,7 +82,13 @@ class Operator:
 
     def footprint(self, operand: str, ext: dict[str, int]) -> int:
         """Elements of operand "A", "B" or "C" touched by a tile of `ext` iterations per axis."""
-        return self._footprint(operand, ext)
+        return math.prod(t for _, t, _ in self._tile(operand, ext))
+
+    def tile_shape(self, operand: str, ext: dict[str, int]) -> tuple[tuple[str, int, int], ...]:
+        """The tile of operand "A", "B" or "C" touched by `ext` iterations per axis, one
+        (axis, tile extent, tensor extent) per dimension of the tensor, outer to inner. The
+        axis is the operator axis that indexes the dimension (a window dim: its output axis)."""
+        return tuple(self._tile(operand, ext))
 
     def padded(self, ext: dict[str, int]) -> "Operator":
         """The same operator with axes grown to `ext` (zero padding: results in the original

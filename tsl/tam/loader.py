@@ -5,11 +5,11 @@ File format (every machine file in `machines/` is an example)::
     [machine]        name, backend, clock_hz, description
     [params]         back-end parameters (free-form; the back end checks them)
     [peaks]          dtype = operations per second
-    [[compute]]      name, role, count, bind
+    [[compute]]      name, role, count, bind, virtual
     [[memory]]       name, role, capacity, holds, parent, instances, per, bandwidth, alignment, managed
     [[primitive]]    name, kind, m, n, k, a_dtype, b_dtype, acc_dtype, a_level, b_level, c_level,
                      layout_a, layout_b, macs_per_cycle, latency, issued_by
-    [[mover]]        name, src, dst, dims, padding, bytes_per_cycle, latency
+    [[mover]]        name, src, dst, dims, padding, bytes_per_cycle, latency, serial_rows
     [[vector]]       name, level, lanes, ops, dtypes, ops_per_cycle
 
 Capacities are integers of bytes or strings such as "32 KiB". A memory level's parent defaults
@@ -128,7 +128,8 @@ class _Parser:
     def compute(self, i: int, raw: Any) -> ComputeLevel:
         t = f"compute #{i}"
         kw = self.fields(t, raw, ComputeLevel, {"name": _str, "role": _choice(COMPUTE_ROLES),
-                                                "count": _pos_int, "bind": _str})
+                                                "count": _pos_int, "bind": _str,
+                                                "virtual": _bool})
         return ComputeLevel(**kw)
 
     def memory(self, raws: list, compute) -> tuple[MemoryLevel, ...]:
@@ -184,7 +185,8 @@ class _Parser:
     def mover(self, i: int, raw: Any, levels: set[str]) -> Mover:
         kw = self.fields(f"mover #{i}", raw, Mover, {
             "name": _str, "src": _str, "dst": _str, "dims": _pos_int, "padding": _bool,
-            "bytes_per_cycle": _nonneg_float, "latency": _nonneg_int})
+            "bytes_per_cycle": _nonneg_float, "latency": _nonneg_int,
+            "serial_rows": _bool})
         for key in ("src", "dst"):
             if kw[key] not in levels:
                 raise self.err(f"mover {kw['name']!r}", key,

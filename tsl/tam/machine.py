@@ -35,6 +35,10 @@ class ComputeLevel:
     role: str
     count: int
     bind: str = ""  # how the back end maps a loop onto it; opaque to schedules
+    # True: the instances take turns on one set of units (VTA's virtual threads): running a
+    # loop over them hides one instance's data movement behind another's compute, it does not
+    # add compute throughput.
+    virtual: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,10 @@ class Mover:
     dims: int = 1
     padding: bool = False
     bytes_per_cycle: float = 0.0
-    latency: int = 0
+    latency: int = 0  # cycles before the data of a transfer starts to flow
+    # True: a 2-D transfer is one burst per row, one after another, each paying `latency`
+    # (VTA's DMA); False: the latency is paid once per transfer.
+    serial_rows: bool = False
 
 
 @dataclass(frozen=True)

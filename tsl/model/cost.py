@@ -1,0 +1,270 @@
+"""The analytic cost model: a recorded schedule on its TAM -> `Estimate`.
+
+Everything it knows about a machine is in the machine file: primitive rates and latencies,
+level bandwidths, mover latencies (per row where the mover issues rows one by one), compute
+level counts (virtual ones add no throughput). No chip is named here.
+
+The model, for a schedule `s`:
+
+- **Traffic.** Every staged tile is a `Transfer`: filled once per iteration of its loop and of
+  every loop outside it (a tile staged under a loop it does not depend on is reloaded on each
+  of that loop's iterations: that is what the program does), times the tile's bytes. An
+  accumulator tile is written back, in the output's dtype, once per fill. A hardware cache
+  (managed = false) is modelled the same way: the traffic its tile sizes imply.
+- **Time of a data path.** Transfers are grouped by the level they come from (their parent):
+  per fill, the mover's latency (per row when its rows are serial) plus bytes over the level's
+  bandwidth, the fills spread over the parallel units; a parent shared by all units (DRAM)
+  also caps the total bytes at its own bandwidth.
+- **Compute.** The padded MACs at the primitive's rate over the parallel units actually busy
+  (the busiest unit sets the time: ceil(tiles / units)), slowed where the accumulator tile
+  holds fewer independent primitives than latency x issue rate needs; plus the epilogue on the
+  vector unit of the accumulator's level.
+- **Overlap.** A transfer overlaps compute when its loop is pipelined, when virtual threads
+  interleave around it, or when it is a hardware cache (prefetch); then the time is the
+  slowest of compute and each path (plus the first fill), otherwise the parts add.
+
+A back end refines this with `evaluate(s, extra=..., detail=...)`: more transfers its program
+makes (padding passes, say) and its own report fields.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..primitives.schedule import Loop, Schedule, Stage
+from ..tam.machine import MemoryLevel, dtype_bytes
+from .estimate import Estimate
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Data moved into memory level `level` from its parent `parent`: `fills` times `bytes`
+    (each `rows` rows), spread over `units` parallel instances, overlapping compute or not."""
+
+    what: str  # "A tile at ci.0", "C write-back", a back end's own label
+    level: str
+    parent: str
+    fills: int
+    bytes: int
+    rows: int = 1
+    latency: float = 0.0  # cycles per row (serial rows) or per fill
+    serial_rows: bool = False
+    bandwidth: float = 0.0  # bytes per cycle of the link into `level` (per instance)
+    shared_bandwidth: float = 0.0  # bytes per cycle of a parent every unit shares (0: none)
+    units: float = 1.0
+    hidden: float = 0.0  # fraction of the shorter of this path and compute hidden by overlap
+
+    @property
+    def total_bytes(self) -> int:
+        return self.fills * self.bytes
+
+    def fill_cycles(self) -> float:
+        lat = self.latency * (self.rows if self.serial_rows else 1)
+        return lat + (self.bytes / self.bandwidth if self.bandwidth else 0.0)
+
+    def cycles(self) -> float:
+        """Cycles of the link into this level (per instance, fills spread over units)."""
+        return self.fills / self.units * self.fill_cycles()
+
+    def shared_cycles(self) -> float:
+        return self.total_bytes / self.shared_bandwidth if self.shared_bandwidth else 0.0
+
+
+# -- the schedule's parallel structure ----------------------------------------------------------
+def busy_units(s: Schedule) -> float:
+    """Parallel instances doing useful work on average: for each loop run over a (real, not
+    virtual) compute level of count c, extent E / ceil(E / c) (the busiest instance sets the
+    time). Levels below the one that issues the primitive add no primitive throughput."""
+    m = s.machine
+    names = [c.name for c in m.compute]
+    p = s.primitive
+    issuer = names.index(p.issued_by) if p is not None and p.issued_by in names else len(names)
+    units = 1.0
+    for lp in s.loops:
+        if not lp.parallel:
+            continue
+        cl = m.compute_level(lp.parallel)
+        if cl.virtual or names.index(cl.name) > issuer:
+            continue
+        units *= lp.extent / math.ceil(lp.extent / cl.count)
+    return units
+
+
+def _fills(s: Schedule, at: Loop) -> int:
+    return math.prod(lp.extent for lp in s.loops[:s.loops.index(at) + 1])
+
+
+def hidden_fraction(s: Schedule, st: Stage) -> float:
+    """How much of a staged tile's movement overlaps compute: all of it for a hardware cache
+    (prefetch) or a pipelined loop (its next tile loads while this one computes); with only
+    V virtual threads around it, each thread's next load waits for its own compute, so 1/V of
+    the shorter side stays exposed; none otherwise."""
+    if not st.level.managed or st.at.stages > 1:
+        return 1.0
+    m = s.machine
+    v = max((min(lp.extent, m.compute_level(lp.parallel).count)
+             for lp in s.loops[:s.loops.index(st.at) + 1]
+             if lp.parallel and m.compute_level(lp.parallel).virtual), default=1)
+    return 1 - 1 / v
+
+
+def _inner_ext(s: Schedule, at: Loop) -> dict[str, int]:
+    ext = {a: 1 for a in s.padded_extents()}
+    for lp in s.loops[s.loops.index(at) + 1:]:
+        for part in lp.parts or (lp,):
+            ext[part.axes[0]] *= part.extent
+    return ext
+
+
+def tile_rows(s: Schedule, st: Stage) -> int:
+    """Contiguous rows of a staged tile in memory: the tile's dimensions outside the innermost
+    one it does not cover whole. A packed operand keeps the primitive's block of its k (and n)
+    axis innermost, so that block is whole and the dims outside it set the rows."""
+    dims = list(s.op.tile_shape(st.operand, _inner_ext(s, st.at)))
+    p = s.primitive
+    if st.operand in s.packed and p is not None:
+        blocks = {"k": p.k} if st.operand == "A" else {"k": p.k, "n": p.n}
+        inner = []
+        for i, (axis, tile, full) in enumerate(dims):
+            b = blocks.get(s.role_of(axis))
+            if b and tile % b == 0 and full % b == 0:
+                dims[i] = (axis, tile // b, full // b)
+                inner.append((axis, b, b))
+        dims += inner
+    rows = 1
+    for i in range(len(dims) - 1, -1, -1):
+        if dims[i][1] != dims[i][2]:
+            rows = math.prod(min(t, f) for _, t, f in dims[:i])
+            break
+    return max(rows, 1)
+
+
+def _mover(s: Schedule, src: str, dst: str):
+    return next((mv for mv in s.machine.movers if mv.src == src and mv.dst == dst), None)
+
+
+def _parent(s: Schedule, lv: MemoryLevel) -> MemoryLevel:
+    return s.machine.memory_level(lv.parent) if lv.parent else s.machine.memory[0]
+
+
+def transfers(s: Schedule) -> list[Transfer]:
+    """Every staged tile of `s` as a `Transfer` (and each accumulator tile's write-back)."""
+    m = s.machine
+    units = busy_units(s)
+    out = []
+    for st in s.stages:
+        lv = st.level
+        parent = _parent(s, lv)
+        mv = _mover(s, parent.name, lv.name)
+        fills = _fills(s, st.at)
+        hidden = hidden_fraction(s, st)
+        shared = parent.bandwidth if parent.per is None and parent.role == "global" else 0.0
+        bw = lv.bandwidth or (mv.bytes_per_cycle if mv else 0.0) or parent.bandwidth
+        if st.operand == "C":
+            # Written back in the output dtype once per fill (after the epilogue).
+            nbytes = math.ceil(st.elements * dtype_bytes(s.op.out_dtype))
+            out.append(Transfer(f"C write-back from {lv.name} at {st.at.name}", parent.name,
+                                lv.name, fills, nbytes, tile_rows(s, st),
+                                mv.latency if mv else 0.0, bool(mv and mv.serial_rows), bw,
+                                shared, units, hidden))
+            continue
+        out.append(Transfer(f"{st.operand} tile at {st.at.name}", lv.name, parent.name, fills,
+                            st.bytes, tile_rows(s, st), mv.latency if mv else 0.0,
+                            bool(mv and mv.serial_rows), bw, shared, units, hidden))
+    # The write-back overlaps as well as the operand loads around it do (a separate path).
+    best = max((t.hidden for t in out), default=0.0)
+    return [t if not t.what.startswith("C write-back") else _replace(t, hidden=best)
+            for t in out]
+
+
+def _replace(t: Transfer, **kw) -> Transfer:
+    return Transfer(**{**t.__dict__, **kw})
+
+
+# -- compute ------------------------------------------------------------------------------------
+def issue_efficiency(s: Schedule) -> float:
+    """Fraction of the primitive's rate the accumulator tile sustains: a primitive of latency L
+    issued r times per cycle needs L * r independent accumulator blocks in flight."""
+    p = s.primitive
+    if p is None or not p.macs_per_cycle:
+        return 1.0
+    per_cycle = p.macs_per_cycle / (p.m * p.n * p.k)
+    need = p.latency * per_cycle
+    acc = next((st for st in s.stages if st.operand == "C"), None)
+    blocks = acc.elements / (p.m * p.n) if acc else 1
+    return min(1.0, blocks / need) if need > 1 else 1.0
+
+
+def compute_cycles(s: Schedule) -> tuple[float, float, list[str]]:
+    """(cycles of the tensor primitive and the epilogue, padded MACs, notes)."""
+    m, p = s.machine, s.primitive
+    padded = math.prod(s.padded_extents().values())
+    units = busy_units(s)
+    notes = []
+    if p is None or not p.macs_per_cycle:
+        return 0.0, padded, ["no primitive rate in the machine file: compute not modelled"]
+    eff = issue_efficiency(s)
+    cycles = padded / (p.macs_per_cycle * units * eff)
+    if eff < 1:
+        notes.append(f"accumulator tile too small to hide the primitive's latency: "
+                     f"{100 * eff:.0f}% of its rate")
+    acc = next((st for st in s.stages if st.operand == "C"), None)
+    vec = next((v for v in m.vectors if acc is not None and v.level == acc.level.name), None)
+    steps = len(s.op.epilogue.steps)
+    if vec is not None and steps and vec.ops_per_cycle:
+        out = s.op.footprint("C", s.padded_extents())
+        cycles += out * steps / (vec.ops_per_cycle * units)
+    return cycles, padded, notes
+
+
+# -- the estimate -------------------------------------------------------------------------------
+def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None,
+             notes: list[str] = ()) -> Estimate:
+    """The model's `Estimate` of recorded schedule `s` (kind "model"). A back end passes the
+    transfers its program makes beyond the staged tiles (`extra`) and its own `detail`."""
+    m = s.machine
+    clock = m.clock_hz
+    comp, padded, cnotes = compute_cycles(s)
+    ts = transfers(s) + list(extra)
+    traffic: dict[str, int] = {}
+    path: dict[str, float] = {}  # parent level -> cycles of the transfers out of / into it
+    shared: dict[str, float] = {}
+    hidden: dict[str, float] = {}
+    serial = prologue = 0.0
+    for t in ts:
+        traffic[t.level] = traffic.get(t.level, 0) + t.total_bytes
+        if t.hidden > 0:
+            path[t.parent] = path.get(t.parent, 0.0) + t.cycles()
+            shared[t.parent] = shared.get(t.parent, 0.0) + t.shared_cycles()
+            hidden[t.parent] = min(hidden.get(t.parent, 1.0), t.hidden)
+            if not t.what.startswith("C"):
+                prologue += t.fill_cycles()
+        else:
+            serial += max(t.cycles(), t.shared_cycles())
+    overlap = {lv: max(path[lv], shared[lv]) for lv in path}
+    # Non-overlapped movement is charged to its path too, for the per-level report.
+    level_cycles = dict(overlap)
+    for t in ts:
+        if t.hidden == 0:
+            level_cycles[t.parent] = (level_cycles.get(t.parent, 0.0)
+                                      + max(t.cycles(), t.shared_cycles()))
+    slowest = max([("compute", comp)] + list(overlap.items()), key=lambda kv: kv[1])
+    pipelined = bool(overlap)
+    cycles = slowest[1] + serial
+    if pipelined:
+        # What the overlap leaves exposed of the shorter side, and the first tiles' fill.
+        worst = max(overlap, key=lambda lv: overlap[lv] * (1 - hidden[lv]))
+        cycles += min(comp, overlap[worst]) * (1 - hidden[worst]) + prologue
+    bound = slowest[0] if slowest[1] >= serial else max(
+        level_cycles.items(), key=lambda kv: kv[1], default=("compute", 0))[0]
+    peak = (m.peak(s.op.dtype) or 0.0) / 2  # the file's peak is in operations, a MAC is two
+    moves = [f"{t.what} -> {t.level}: {t.bytes:,} B x {t.fills:,}"
+             + (f" ({t.rows} rows)" if t.rows > 1 and t.latency else "")
+             + ("" if t.hidden == 1 else f", {100 * t.hidden:.0f}% overlapped") for t in ts]
+    return Estimate(seconds=cycles / clock, kind="model", machine=m.name, clock_hz=clock,
+                    bound=bound, macs=s.op.macs, padded_macs=padded, peak_macs_per_s=peak,
+                    compute_seconds=comp / clock, traffic=traffic,
+                    level_seconds={lv: c / clock for lv, c in level_cycles.items()},
+                    pipelined=pipelined, notes=cnotes + moves + list(notes),
+                    detail=dict(detail or {}))

@@ -1,0 +1,187 @@
+"""Default knobs are the model's choice: the knobs a user leaves unset are the ones that
+minimize `evaluate` over the schedule's own knob space.
+
+A schedule function declares each knob's choices as it runs (`s.knob(name, choices)`), and a
+choice may depend on another knob's value (the outer tile multiples of an inner tile). So a
+candidate is evaluated by recording the schedule function again with all its knobs fixed;
+a candidate that does not fit the machine raises ScheduleError and is dropped. The space is
+searched exhaustively when it is small; otherwise from the best of a random sample, by
+coordinate descent (every value of one knob at a time, from the space the current best
+records) until no knob improves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import ScheduleError
+from ..primitives.schedule import Schedule
+from .cost import evaluate
+from .estimate import Estimate
+
+EXHAUSTIVE = 384  # spaces up to this many combinations are searched whole
+SAMPLE = 96  # random combinations drawn to seed the descent of a larger space
+STARTS = 4  # descents started from the best of them
+
+
+def record_fixed(op, machine, fn: Callable, knobs: dict | None) -> Schedule:
+    """Run schedule function `fn` with `knobs` (unset knobs take their first choice) and
+    validate it: no model involved. Raises ScheduleError when it does not fit."""
+    s = Schedule(op, machine, knobs)
+    fn(s)
+    s.validate()
+    return s
+
+
+@dataclass
+class Candidate:
+    knobs: dict
+    schedule: Schedule
+    estimate: Estimate
+
+
+@dataclass
+class Choice:
+    """How a schedule's knobs were chosen: the knobs the caller fixed and every candidate the
+    model priced, best first."""
+
+    fn: Callable
+    fixed: dict
+    candidates: list = field(default_factory=list)
+    refused: int = 0  # candidates that did not fit the machine
+    exhaustive: bool = False
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+
+class _Search:
+    def __init__(self, op, machine, fn, fixed):
+        self.op, self.machine, self.fn, self.fixed = op, machine, fn, dict(fixed or {})
+        self.seen: dict[tuple, Candidate | None] = {}
+
+    def key(self, knobs: dict) -> tuple:
+        return tuple(sorted(knobs.items(), key=lambda kv: kv[0]))
+
+    def price(self, knobs: dict) -> Candidate | None:
+        knobs = {**knobs, **self.fixed}
+        k = self.key(knobs)
+        if k not in self.seen:
+            try:
+                s = record_fixed(self.op, self.machine, self.fn, knobs)
+            except ScheduleError:
+                self.seen[k] = None
+            else:
+                # Record again under the knobs the schedule really used (a knob it did not
+                # ask for this time is dropped), so that equal schedules share one entry.
+                self.seen[k] = Candidate(dict(s.knob_values), s, evaluate(s))
+        return self.seen[k]
+
+    def descend(self, start: Candidate) -> Candidate:
+        best = start
+        for _ in range(8):
+            moved = False
+            for name in sorted(best.schedule.space):
+                if name in self.fixed:
+                    continue
+                for v in best.schedule.space[name]:
+                    c = self.price({**best.knobs, name: v})
+                    if c is not None and c.estimate.seconds < best.estimate.seconds * (1 - 1e-9):
+                        best, moved = c, True
+            if not moved:
+                break
+        return best
+
+
+def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0) -> Choice:
+    """Price the knob space of `fn` for `op` on `machine` with the knobs in `fixed` held;
+    every candidate found, best (fastest under the model) first."""
+    srch = _Search(op, machine, fn, fixed)
+    base = srch.price({})
+    space = dict(base.schedule.space) if base else _discover(srch)
+    free = sorted(n for n in space if n not in srch.fixed)
+    total = math.prod(len(space[n]) for n in free)
+    combos = [dict(zip(free, c)) for c in itertools.product(*(space[n] for n in free))]
+    exhaustive = total <= EXHAUSTIVE
+    if exhaustive:
+        for c in combos:
+            srch.price(c)
+    else:
+        random.Random(seed).shuffle(combos)
+        for c in combos[:SAMPLE]:
+            srch.price(c)
+        ranked = sorted((c for c in srch.seen.values() if c is not None),
+                        key=lambda c: c.estimate.seconds)
+        for start in ranked[:STARTS]:
+            srch.descend(start)
+    found = {}
+    for c in srch.seen.values():
+        if c is not None:
+            found.setdefault(srch.key(c.knobs), c)
+    if not found:
+        raise ScheduleError(f"no setting of the knobs {free} of {getattr(fn, '__name__', fn)} "
+                            f"fits {op} on {machine.name} (fixed: {srch.fixed or 'none'}); "
+                            f"pass knobs= that fit")
+    cands = sorted(found.values(), key=lambda c: c.estimate.seconds)
+    refused = sum(1 for c in srch.seen.values() if c is None)
+    return Choice(fn, srch.fixed, cands, refused, exhaustive)
+
+
+def _discover(srch: _Search) -> dict:
+    """The knob space when the first choices do not fit: fix the knobs one at a time to their
+    other choices until some setting records."""
+    knobs: dict = {}
+    for _ in range(16):
+        s = Schedule(srch.op, srch.machine, {**knobs, **srch.fixed})
+        try:
+            srch.fn(s)
+            return dict(s.space)
+        except ScheduleError:
+            # The knobs recorded before the failure are the ones that caused it: smallest
+            # tiles are listed first, so try each knob's other values in turn.
+            pending = [n for n in s.space if n not in srch.fixed and n not in knobs]
+            if not pending:
+                break
+            for n in pending:
+                knobs[n] = s.space[n][-1]
+    raise ScheduleError(f"{getattr(srch.fn, '__name__', srch.fn)} does not record for "
+                        f"{srch.op} on {srch.machine.name} with knobs {srch.fixed}")
+
+
+def choose(op, machine, fn: Callable, fixed: dict | None = None) -> Schedule:
+    """The recorded schedule with the unset knobs at the model's choice; `schedule.choice`
+    keeps the search (see `explain`)."""
+    choice = search(op, machine, fn, fixed)
+    s = choice.best.schedule
+    s.choice = choice
+    return s
+
+
+def explain(s: Schedule, top: int = 5) -> str:
+    """Why `s` has its knobs: the best `top` candidates the model priced, and what bounds each
+    (the level whose traffic, or the compute, sets its time)."""
+    choice = getattr(s, "choice", None)
+    if choice is None:
+        return (f"{s.op} on {s.machine.name}: every knob was given "
+                f"({', '.join(f'{k}={v!r}' for k, v in s.knob_values.items())}); the model "
+                f"chose nothing.\n{evaluate(s)}")
+    head = (f"{s.op} on {s.machine.name}: {len(choice.candidates)} knob settings priced"
+            f" ({'the whole space' if choice.exhaustive else 'sampled, then coordinate descent'}"
+            f"; {choice.refused} did not fit)"
+            + (f", fixed by the caller: {choice.fixed}" if choice.fixed else ""))
+    best = choice.best.estimate.seconds
+    lines = [head]
+    for n, c in enumerate(choice.candidates[:top], 1):
+        e = c.estimate
+        knobs = ", ".join(f"{k}={v!r}" for k, v in sorted(c.knobs.items())
+                          if k not in choice.fixed)
+        levels = ", ".join(f"{lv} {t * 1e6:.1f}" for lv, t in e.level_seconds.items())
+        lines.append(f" {n}. {e.seconds * 1e6:10.1f} us ({e.seconds / best:.2f}x)  bound by "
+                     f"{e.bound}: compute {e.compute_seconds * 1e6:.1f} us, {levels} us"
+                     f"; {100 * e.utilization:.0f}% of peak\n      {knobs}")
+    return "\n".join(lines)
