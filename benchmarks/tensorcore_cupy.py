@@ -34,7 +34,7 @@ def export(out: Path, target: str, quick: bool) -> None:
     from tsl.backend import resolve_target
 
     backend, _ = resolve_target(target)
-    for n, op in enumerate(backend.bench_suite(quick)):
+    for n, op in enumerate(backend.suite(quick)):
         try:
             art = tsl.build(op, target=target)
         except tsl.TSLError as e:

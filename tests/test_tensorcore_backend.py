@@ -193,12 +193,12 @@ def test_estimate_and_benchmark():
     assert row["ptx_ok"] == (codegen.nvcc() is not None)
 
 
-def test_bench_suite():
-    ops = backend.bench_suite(quick=False)
+def test_suite():
+    ops = backend.suite(quick=False)
     assert {op.name for op in ops} == {"matmul", "dense", "conv2d"}
     assert {op.dtype for op in ops} == {"float16", "bfloat16", "int8"}
     assert "128x768x768" in {op.shape_str for op in ops}
-    assert 2 <= len(backend.bench_suite(True)) <= 3
+    assert 2 <= len(backend.suite(True)) <= 3
 
 
 @pytest.mark.skipif(runtime.gpu_missing() is None, reason="a CUDA GPU is present")

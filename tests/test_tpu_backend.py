@@ -208,9 +208,9 @@ def test_without_jax_build_emits_and_run_says_what_to_install(monkeypatch):
         art.hlo(dialect="hlo")
 
 
-def test_bench_suite():
-    quick = backend.bench_suite(quick=True)
-    full = backend.bench_suite(quick=False)
+def test_suite():
+    quick = backend.suite(quick=True)
+    full = backend.suite(quick=False)
     assert 2 <= len(quick) <= 3 and len(full) >= 8
     kinds = {(op.name, op.dtype) for op in full}
     assert {("matmul", "bfloat16"), ("matmul", "int8"), ("conv2d", "bfloat16")} <= kinds

@@ -20,10 +20,22 @@ BUILTIN = {"cpu": "tsl.backends.cpu:backend", "vta": "tsl.backends.vta:backend",
 
 
 class Backend:
-    """What a back end provides. `build` returns an `Artifact`."""
+    """What a back end provides, and all that `tsl.build`, `tsl.tune` and `tsl.bench` use:
+
+    - `build(schedule)` -> an `Artifact` (whose `estimate()` is a `tsl.model.Estimate`);
+    - `unavailable(machine)` -> why it cannot build here, or None;
+    - `measure(artifact)` -> an `Estimate` of one run: measured time (kind "measured"),
+      simulated cycles ("simulated"), or, where nothing here can run it, the model ("model");
+    - `suite(quick)` -> the operators `python -m tsl.bench` runs on it.
+
+    A back end imports nothing above this layer (no tsl.build, tsl.tune or tsl.bench).
+    """
 
     name: str = ""
     default_machine: str = ""
+    # Programs `python -m tsl.bench` searches per operator by default (`--trials` overrides):
+    # worth it where `measure` is cheap and exact, as a simulator's cycle count is.
+    bench_trials: int = 0
 
     def unavailable(self, machine: Machine) -> str | None:
         """Why this back end cannot build for `machine` here (None when it can)."""
@@ -31,6 +43,14 @@ class Backend:
 
     def build(self, schedule, **options):
         raise NotImplementedError
+
+    def measure(self, artifact):
+        """An `Estimate` of one run of `artifact`; by default its own `estimate()`."""
+        return artifact.estimate()
+
+    def suite(self, quick: bool) -> list:
+        """The operators of this back end's rows in `python -m tsl.bench` (quick: a few)."""
+        return []
 
 
 def _load_ref(ref: str) -> Backend:

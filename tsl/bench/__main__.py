@@ -28,7 +28,7 @@ def run_target(target: str, ops_filter, quick: bool, progress) -> list[dict]:
         return [{"op": "-", "shape": "-", "dtype": "-", "target": target, "verified": False,
                  "skipped": why, "baseline": None, "speedup": None}]
     rows = []
-    suite = [op for op in backend.bench_suite(quick)
+    suite = [op for op in backend.suite(quick)
              if not ops_filter or op.name in ops_filter]
     for n, op in enumerate(suite, 1):
         progress(f"[{target} {n}/{len(suite)}] {op} ...")

@@ -24,8 +24,8 @@ from .cost import evaluate
 from .estimate import Estimate
 
 EXHAUSTIVE = 384  # spaces up to this many combinations are searched whole
-SAMPLE = 96  # random combinations drawn to seed the descent of a larger space
-STARTS = 4  # descents started from the best of them
+SAMPLE = 128  # random combinations drawn to seed the descent of a larger space
+STARTS = 6  # descents started from the best of them
 
 
 def record_fixed(op, machine, fn: Callable, knobs: dict | None) -> Schedule:
@@ -105,16 +105,14 @@ def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0) 
     base = srch.price({})
     space = dict(base.schedule.space) if base else _discover(srch)
     free = sorted(n for n in space if n not in srch.fixed)
-    total = math.prod(len(space[n]) for n in free)
-    combos = [dict(zip(free, c)) for c in itertools.product(*(space[n] for n in free))]
-    exhaustive = total <= EXHAUSTIVE
+    exhaustive = math.prod(len(space[n]) for n in free) <= EXHAUSTIVE
     if exhaustive:
-        for c in combos:
-            srch.price(c)
+        for combo in itertools.product(*(space[n] for n in free)):
+            srch.price(dict(zip(free, combo)))
     else:
-        random.Random(seed).shuffle(combos)
-        for c in combos[:SAMPLE]:
-            srch.price(c)
+        rng = random.Random(seed)
+        for _ in range(SAMPLE):
+            srch.price({n: rng.choice(space[n]) for n in free})
         ranked = sorted((c for c in srch.seen.values() if c is not None),
                         key=lambda c: c.estimate.seconds)
         for start in ranked[:STARTS]:

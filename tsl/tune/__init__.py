@@ -7,8 +7,8 @@ Candidates are drawn from the schedule's own knob space and recorded without TVM
 that does not fit the machine raises ScheduleError and is dropped). The first measurements go
 to the candidates the analytic model likes best; after that an XGBoost regressor, trained on the
 analytic features of everything measured so far, picks each next batch. Measurement is the back
-end's `measure(artifact)` when it has one (simulated cycles, estimated time), otherwise the
-artifact's timed run.
+end's `measure(artifact)` (a measured time, simulated cycles, or the model where nothing here
+runs the program).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 from ..backend import resolve_target
 from ..build import record as record_schedule
 from ..errors import LoweringError, ScheduleError
+from ..model import evaluate
 from ..primitives.schedule import Schedule
 from ..schedules import default_schedule
 
@@ -72,20 +73,8 @@ def features(s: Schedule) -> list[float]:
 
 
 def analytic_seconds(s: Schedule) -> float:
-    """Roofline over the levels: the slowest of compute at the primitive's rate and of each
-    level's traffic at its bandwidth (bytes per cycle to its parent)."""
-    m = s.machine
-    p = s.primitive
-    macs = math.prod(s.padded_extents().values())
-    par = math.prod(lp.extent for lp in s.loops if lp.parallel) or 1
-    used = min(par, m.cores())
-    t = macs / ((p.macs_per_cycle or 1) * used * m.clock_hz) if p else 0.0
-    for st in s.stages:
-        lv = st.level
-        if lv.bandwidth:
-            loads = math.prod(lp.extent for lp in s.loops[:s.loops.index(st.at) + 1])
-            t = max(t, loads * st.bytes / (lv.bandwidth * used * m.clock_hz))
-    return t
+    """The cost model's seconds for a recorded schedule (`tsl.model.evaluate`)."""
+    return evaluate(s).seconds
 
 
 def candidates(op, machine, schedule_fn, limit: int, seed: int) -> list[Schedule]:
@@ -133,7 +122,6 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
     fn = schedule or default_schedule(op.name)
     cands = candidates(op, machine, fn, pool, seed)
     known = {_key(c): i for i, c in enumerate(cands)}
-    xs = op.random_inputs(seed)
 
     def add(s: Schedule) -> int:
         if _key(s) not in known:
@@ -148,9 +136,7 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
             return math.inf  # e.g. a tile the back end's own finer checks refuse
         if measure is not None:
             return measure(art)
-        if hasattr(backend, "measure"):
-            return backend.measure(art)
-        return art.time(*xs)
+        return backend.measure(art).seconds
 
     first = [0] + [add(s) for s in (record(op, machine, fn, k) for k in start or []) if s]
     done: dict[int, float] = {i: run(i) for i in dict.fromkeys(first)}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 from functools import cache
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,26 +23,6 @@ def set_threads(n: int) -> None:
 
 
 SETTLE_SECONDS = 1.0
-
-
-@dataclass
-class Estimate:
-    """An analytic cost report from the TAM (no measurement)."""
-
-    macs: int
-    padded_macs: int
-    seconds_at_peak: float
-    dram_bytes: int
-    stages: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-
-    def __str__(self) -> str:
-        lines = [f"MACs {self.macs:,} ({self.padded_macs:,} after padding, "
-                 f"{100 * (1 - self.macs / self.padded_macs):.1f}% waste)",
-                 f"time at peak {self.seconds_at_peak * 1e3:.3f} ms",
-                 f"DRAM traffic (compulsory) {self.dram_bytes / 1e6:.2f} MB"]
-        lines += [f"  {s}" for s in self.stages] + self.notes
-        return "\n".join(lines)
 
 
 class CPUArtifact(Artifact):
@@ -104,14 +83,12 @@ class CPUArtifact(Artifact):
         """LLVM IR ("ll") or assembly ("asm") of the kernel."""
         return self.executable.mod.inspect_source(kind)
 
-    def estimate(self) -> Estimate:
-        s, m = self.schedule, self.machine
-        p = s.primitive
-        peak_macs = (p.macs_per_cycle if p else 1) * m.cores() * m.clock_hz
+    def estimate(self):
+        """The cost model's `Estimate` of this schedule (no measurement: see `time`), with
+        the compulsory DRAM traffic (every input read once, the output written once)."""
+        from ...model import evaluate
+
         big = self.ctx.op
         dram = sum(int(np.prod(t.shape)) * np.dtype(np_dtype(t.dtype)).itemsize
-                   for t in big.inputs) + int(np.prod(big.output.shape)) * 4
-        stages = [f"{st.operand} tile {st.bytes} B x{st.at.stages} at {st.at.name} in "
-                  f"{st.level.name} (capacity {st.level.capacity})" for st in s.stages]
-        return Estimate(self.op.macs, big.macs, big.macs / peak_macs, dram, stages,
-                        [f"primitive {p.name}: {p.macs_per_cycle:g} MACs/cycle/core"] if p else [])
+                   for t in list(big.inputs) + [big.output])
+        return evaluate(self.schedule, detail={"compulsory_dram_bytes": dram})

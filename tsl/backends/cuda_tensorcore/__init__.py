@@ -26,7 +26,7 @@ class TensorCoreBackend(Backend):
         ctx = lower(schedule, TensorCoreLowering(schedule.machine, schedule.primitive))
         return TensorCoreArtifact(schedule, ctx, codegen.generate(ctx.sch.mod, schedule.machine))
 
-    def bench_suite(self, quick: bool) -> list:
+    def suite(self, quick: bool) -> list:
         """fp16 GEMMs (large, and BERT-base's at sequence 128), bf16 and int8 GEMMs, a ResNet
         3x3 conv2d in NHWC."""
         bert = [dense(128, k, n, dtype="float16", epilogue=bias() + relu() if n == 3072 else None)

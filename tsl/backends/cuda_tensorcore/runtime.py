@@ -18,6 +18,7 @@ import numpy as np
 
 from ...artifact import Artifact
 from ...errors import BackendUnavailable, LoweringError
+from ...model import Estimate
 from ...ops.operator import np_dtype
 from . import codegen
 
@@ -70,8 +71,9 @@ class CupyKernel:
 
 
 @dataclass
-class Estimate:
-    """A roofline estimate from the TAM, with the kernel's on-chip footprint and occupancy."""
+class Roofline:
+    """A roofline from the TAM with the kernel's on-chip footprint and occupancy: the detail
+    of this back end's `Estimate`."""
 
     machine: str
     flops: float
@@ -245,6 +247,7 @@ class TensorCoreArtifact(Artifact):
 
     # -- cost -------------------------------------------------------------------------------
     def estimate(self) -> Estimate:
+        """The roofline (kind "model"), its occupancy and resources as detail."""
         m, k = self.machine, self.kernel
         big = self.ctx.op
         threads = math.prod(k.block)
@@ -257,10 +260,18 @@ class TensorCoreArtifact(Artifact):
         by_regs = int(m.params["registers_per_sm"]) // max(regs * threads, 1)
         by_warps = int(m.params["max_warps_per_sm"]) // max(threads // 32, 1)
         per_sm = max(min(by_smem, by_regs, by_warps), 1)
-        return Estimate(m.name, 2.0 * self.op.macs, 2.0 * big.macs, m.peak(big.dtype),
-                        float(m.params["hbm_bytes_per_s"]), self._hbm_bytes(per_sm * m.cores()),
-                        math.prod(k.grid), threads, k.dynamic_shared_bytes + k.static_shared_bytes,
-                        regs, src, per_sm, m.cores(), int(m.params["max_warps_per_sm"]))
+        r = Roofline(m.name, 2.0 * self.op.macs, 2.0 * big.macs, m.peak(big.dtype),
+                     float(m.params["hbm_bytes_per_s"]), self._hbm_bytes(per_sm * m.cores()),
+                     math.prod(k.grid), threads, k.dynamic_shared_bytes + k.static_shared_bytes,
+                     regs, src, per_sm, m.cores(), int(m.params["max_warps_per_sm"]))
+        return Estimate(r.seconds, kind="model", machine=m.name, clock_hz=m.clock_hz,
+                        bound="compute" if r.compute_seconds >= r.memory_seconds else "hbm",
+                        macs=self.op.macs, padded_macs=big.macs, peak_macs_per_s=r.peak / 2,
+                        compute_seconds=r.compute_seconds, traffic={"hbm": r.hbm_bytes},
+                        level_seconds={"hbm": r.memory_seconds},
+                        detail={"roofline": r, "flops": r.flops, "occupancy": r.occupancy,
+                                "registers": r.registers, "shared_bytes": r.shared_bytes,
+                                "blocks_per_sm": r.blocks_per_sm, "waves": r.waves})
 
     def _hbm_bytes(self, resident: int) -> int:
         """Blocks run in waves of `resident` (SMs x blocks per SM) in launch order; the L2
@@ -286,7 +297,7 @@ class TensorCoreArtifact(Artifact):
 
     def benchmark(self) -> dict:
         """Without a GPU: the estimate against a cuBLAS model, and the PTX checks."""
-        est = self.estimate()
+        est = self.estimate().roofline
         peak_s = max(est.flops / (CUBLAS_FRACTION * est.peak), est.memory_seconds)
         try:
             ok, checks = self.check()

@@ -24,7 +24,7 @@ class TPUBackend(Backend):
         check_vmem(schedule)
         return TPUArtifact(schedule, lower(schedule, TPULowering(schedule.machine)))
 
-    def bench_suite(self, quick: bool) -> list:
+    def suite(self, quick: bool) -> list:
         bf16 = dict(dtype="bfloat16", acc_dtype="float32")
         if quick:
             return [matmul(512, 512, 512, **bf16), dense(128, 768, 768, **bf16),

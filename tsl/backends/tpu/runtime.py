@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...artifact import Artifact
 from ...errors import BackendUnavailable, LoweringError, ScheduleError
+from ...model import Estimate, Transfer, evaluate
 from ...ops.operator import Operator
 from ...primitives.schedule import Schedule
 from ...tam.machine import Machine, dtype_bytes
@@ -97,69 +97,6 @@ def declared_layouts(text: str) -> list[tuple[int, ...]]:
 
 
 # -- the estimate ---------------------------------------------------------------------------------
-@dataclass
-class Estimate:
-    """A roofline of the schedule on the TAM (no measurement). Movement overlaps compute only
-    where the schedule pipelines it; then the first tiles' load and the last tile's store are
-    the pipeline's fill."""
-
-    machine: str
-    macs: int
-    padded_macs: int
-    mxu_passes: int
-    dot_trips: int  # iterations of the while loops around the program's dot_generals
-    hbm_bytes: int
-    vmem_bytes: int
-    vmem_budget: int
-    mxu_s: float
-    vpu_s: float
-    memory_s: float
-    fill_s: float
-    seconds: float
-    peak: float  # operations per second of the operands' dtype
-    pipelined: bool
-    stages: list = field(default_factory=list)
-
-    @property
-    def flops(self) -> int:
-        """Operations the program performs (padding included), a MAC being two."""
-        return 2 * self.padded_macs
-
-    @property
-    def waste(self) -> float:
-        return 1 - self.macs / self.padded_macs
-
-    @property
-    def utilization(self) -> float:
-        """Fraction of the time the MXUs are busy (padding passes included)."""
-        return self.mxu_s / self.seconds
-
-    @property
-    def pct_peak(self) -> float:
-        """Useful operations per second as a percentage of the machine's peak."""
-        return 100 * 2 * self.macs / self.seconds / self.peak
-
-    def __str__(self) -> str:
-        lines = [f"estimate on {self.machine}: {self.seconds * 1e6:.1f} us, MXU utilization "
-                 f"{100 * self.utilization:.1f}%, {self.pct_peak:.1f}% of peak",
-                 f"  MXU passes {self.mxu_passes:,} ({self.padded_macs:,} MACs, "
-                 f"{100 * self.waste:.1f}% padding waste): {self.mxu_s * 1e6:.1f} us",
-                 f"  HBM traffic (the schedule's reuse) {self.hbm_bytes / 1e6:.2f} MB: "
-                 f"{self.memory_s * 1e6:.1f} us",
-                 f"  VPU epilogue {self.vpu_s * 1e6:.1f} us",
-                 f"  VMEM footprint {self.vmem_bytes / 2**20:.2f} MiB of "
-                 f"{self.vmem_budget / 2**20:.0f} MiB",
-                 f"  pipelined: max(compute, movement) + fill ({self.fill_s * 1e6:.1f} us)"
-                 if self.pipelined else "  not pipelined: compute + movement"]
-        return "\n".join(lines + [f"  {s}" for s in self.stages])
-
-
-def _loads(s: Schedule, at) -> int:
-    """How many times a tile staged at loop `at` is moved: the iterations of `at` and of every
-    loop outside it."""
-    return math.prod(lp.extent for lp in s.loops[:s.loops.index(at) + 1])
-
-
 def _bytes(op: Operator, role: str) -> int:
     t = op.output if role == "out" else op.input(role)
     return math.ceil(math.prod(t.shape) * dtype_bytes(t.dtype))
@@ -198,40 +135,23 @@ def _vpu_seconds(m: Machine, op: Operator, elements: int) -> float:
 
 
 def estimate(s: Schedule, big: Operator, structure: codegen.Structure) -> Estimate:
-    m, p = s.machine, s.primitive
-    bw = float(m.params["hbm_bytes_per_s"])
-    par = next((lp for lp in s.loops if lp.parallel), None)
-    # Parallel tiles are dealt to the cores; the busiest core sets the time.
-    share = math.ceil(par.extent / m.cores()) / par.extent if par else 1.0
-    mxu_s = big.macs * share / (p.macs_per_cycle * m.clock_hz)
-    vpu_s = _vpu_seconds(m, big, math.prod(big.output.shape)) * share
-    hbm, first, last, lines = 0, 0, 0, []
-    for st in s.stages:
-        n = _loads(s, st.at)
-        size = st.bytes if st.operand != "C" else \
-            math.ceil(st.elements * dtype_bytes(big.out_dtype))
-        hbm += size * n
-        if st.operand == "C":
-            last = size
-        else:
-            first += size
-        lines.append(f"{st.operand}: {size:,} B tile at {st.at.name} in {st.level.name}, "
-                     f"moved {n:,} times")
-    for src, dst in structure.pads:
-        hbm += src + dst
-        lines.append(f"padding pass: {src:,} B read, {dst:,} B written")
+    """The cost model's estimate of the program (`tsl.model.evaluate`): the staged tiles'
+    HBM traffic with the schedule's reuse, plus what the program moves besides them (the
+    padding passes, the bias), with the MXU passes, dot trips and VMEM use as detail."""
+    p, hbm = s.primitive, s.machine.memory[0]
+
+    def once(what: str, nbytes: int) -> Transfer:
+        return Transfer(what, hbm.name, hbm.name, 1, nbytes, bandwidth=hbm.bandwidth,
+                        shared_bandwidth=hbm.bandwidth)
+
+    extra = [once("padding pass", src + dst) for src, dst in structure.pads]
     if big.epilogue.has_bias:
-        hbm += _bytes(big, "bias")
-    memory_s = hbm / bw
-    compute_s = max(mxu_s, vpu_s)
-    pipelined = any(lp.stages > 1 for lp in s.loops)
-    fill_s = (first + last) / bw if pipelined else 0.0
-    seconds = (max(compute_s, memory_s) + fill_s) if pipelined else compute_s + memory_s
+        extra.append(once("bias", _bytes(big, "bias")))
     vmem, parts = vmem_footprint(s)
-    return Estimate(m.name, s.op.macs, big.macs, big.macs // (p.m * p.n * p.k),
-                    structure.dot_trips, hbm, vmem, int(m.params.get("vmem_scoped_bytes", 0)),
-                    mxu_s, vpu_s, memory_s, fill_s, seconds, m.peak(s.op.dtype) or 0.0,
-                    pipelined, lines + parts)
+    return evaluate(s, extra=extra, notes=parts, detail={
+        "mxu_passes": big.macs // (p.m * p.n * p.k), "dot_trips": structure.dot_trips,
+        "flops": 2 * big.macs, "vmem_bytes": vmem,
+        "vmem_budget": int(s.machine.params.get("vmem_scoped_bytes", 0))})
 
 
 def xla_dot_seconds(op: Operator, m: Machine) -> float:

@@ -13,7 +13,7 @@ The classic schedule's structure, and the knob that reproduces each part of it:
 from __future__ import annotations
 
 from ...ops import conv2d, dense, requantize
-from ...build import record
+from ...model import record_fixed
 from ...primitives.schedule import Schedule
 from ...schedules import schedule_conv2d
 
@@ -73,4 +73,4 @@ def knobs(op, machine) -> dict | None:
 
 
 def schedule(op, machine, knob_values: dict) -> Schedule:
-    return record(op, machine, schedule_conv2d, knob_values)
+    return record_fixed(op, machine, schedule_conv2d, knob_values)
