@@ -95,6 +95,39 @@ def _fills(s: Schedule, at: Loop) -> int:
     return math.prod(lp.extent for lp in s.loops[:s.loops.index(at) + 1])
 
 
+def _ext_from(s: Schedule, pos: int) -> dict[str, int]:
+    """Iterations per axis of the loops from position `pos` inwards."""
+    ext = {a: 1 for a in s.padded_extents()}
+    for lp in s.loops[pos:]:
+        for part in lp.parts or (lp,):
+            ext[part.axes[0]] *= part.extent
+    return ext
+
+
+def _dtype(s: Schedule, operand: str) -> str:
+    return s.op.acc_dtype if operand == "C" else s.op.input(operand).dtype
+
+
+def cache_reuse(s: Schedule, st: Stage) -> tuple[int, int]:
+    """(fills, bytes per fill) of a tile in a hardware cache. Nothing is copied: a line comes
+    in when it is touched and stays while the data touched since fits, so the tile is
+    reloaded only under the outermost loop whose working set (every operand the level holds)
+    still fits the level; loops it does not depend on inside that one reuse it for free."""
+    lv = st.level
+    nominal = s.loops.index(st.at) + 1
+    pos = nominal
+    for p in range(nominal, -1, -1):
+        ext = _ext_from(s, p)
+        need = sum(s.op.footprint(o, ext) * dtype_bytes(_dtype(s, o))
+                   for o in lv.holds if o != "C" or any(x.operand == "C" for x in s.stages))
+        if need > lv.capacity:
+            break
+        pos = p
+    fills = math.prod(lp.extent for lp in s.loops[:pos])
+    return fills, math.ceil(s.op.footprint(st.operand, _ext_from(s, pos))
+                            * dtype_bytes(st.dtype))
+
+
 def hidden_fraction(s: Schedule, st: Stage) -> float:
     """How much of a staged tile's movement overlaps compute: all of it for a hardware cache
     (prefetch) or a pipelined loop (its next tile loads while this one computes); with only
@@ -169,8 +202,11 @@ def transfers(s: Schedule) -> list[Transfer]:
                                 mv.latency if mv else 0.0, bool(mv and mv.serial_rows), bw,
                                 shared, units, hidden))
             continue
+        nbytes = st.bytes
+        if not lv.managed:
+            fills, nbytes = cache_reuse(s, st)
         out.append(Transfer(f"{st.operand} tile at {st.at.name}", lv.name, parent.name, fills,
-                            st.bytes, tile_rows(s, st), mv.latency if mv else 0.0,
+                            nbytes, tile_rows(s, st), mv.latency if mv else 0.0,
                             bool(mv and mv.serial_rows), bw, shared, units, hidden))
     # The write-back overlaps as well as the operand loads around it do (a separate path).
     best = max((t.hidden for t in out), default=0.0)
