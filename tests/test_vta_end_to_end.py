@@ -43,11 +43,11 @@ def test_resnet_layer_default_and_classic():
     check(art)
     m = art.machine
     check(backend.build(classic.schedule(op, m, classic.knobs(op, m))))
-    row = art.benchmark(tune_trials=16)
+    row = art.benchmark()
     assert row["baseline_cycles"] > 0 and row["speedup"] == row["baseline_cycles"] / row["cycles"]
-    assert row["cycles"] <= row["default_cycles"]
-    assert row["speedup"] > 1, "a short knob search already beats the classic tiles on C11"
+    assert row["speedup"] > 1, "the model's default knobs beat the classic tiles on C11"
     est = art.estimate()
+    assert est.kind == "simulated" and est.cycles == row["cycles"]
     assert 0 < est.pct_peak < 100 and est.stats.gemm_uops == art.ctx.op.macs // 256  # padded work
     text = str(est)
     for word in ("cycles", "GEMM", "ALU", "INP", "WGT", "busy", "dma_latency"):
@@ -60,4 +60,4 @@ def test_second_machine_file():
         art = tsl.build(op, "vta-1x32x32")
         assert art.schedule.primitive.name == "gemm_1x32x32"
         check(art)
-        assert art.benchmark(tune_trials=0)["speedup"] is None
+        assert art.benchmark()["speedup"] is None

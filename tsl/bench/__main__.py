@@ -1,9 +1,14 @@
-"""`python -m tsl.bench [--targets T,..] [--ops OP,..] [--quick] [--json FILE]`
+"""`python -m tsl.bench [--targets T,..] [--ops OP,..] [--quick] [--trials N] [--json FILE]`
+`python -m tsl.bench --model-check [--targets T,..] [--ops OP,..] [--quick] [--samples N]`
 
 Builds each back end's suite with the default schedules, verifies every artifact against NumPy
 on fresh random data, and prints time (or simulated cycles, or an estimate where there is no
 hardware), the achieved rate, its share of the machine file's peak, and the ratio to a baseline
-measured or modelled in the same run. Timings are medians; the machines are noisy.
+measured or modelled in the same run. Timings are medians; the machines are noisy. Knobs are
+the cost model's choice; where a back end asks for it (VTA) or `--trials N` is given, a
+`tsl.tune` search of N programs may replace them (`--trials 0`: default knobs only).
+`--model-check` instead ranks random knob settings by the model and by measurement and prints
+their Spearman correlation (see tsl/bench/model_check.py).
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ import time
 from ..backend import resolve_target, targets
 from ..build import record
 from ..errors import BackendUnavailable, TSLError
+from . import model_check, search
 
 COLUMNS = ("op", "shape", "dtype", "target", "verified", "time", "rate", "peak%", "baseline",
            "speedup", "notes")
 
 
-def run_target(target: str, ops_filter, quick: bool, progress) -> list[dict]:
+def run_target(target: str, ops_filter, quick: bool, progress,
+               trials: int | None = None) -> list[dict]:
     backend, machine = resolve_target(target)
     why = backend.unavailable(machine)
     if why:
@@ -42,6 +49,9 @@ def run_target(target: str, ops_filter, quick: bool, progress) -> list[dict]:
             # Timed before it is verified: the NumPy reference leaves OpenBLAS' threads
             # spinning for about a second, and on 2 cores they slow whatever runs next.
             row.update(art.benchmark())
+            n_trials = backend.bench_trials if trials is None else trials
+            if n_trials:
+                art = search.improve(backend, machine, op, art, row, n_trials)
             try:
                 ok, err = art.verify(seed=n)
                 row["verified"], row["error"] = bool(ok), err
@@ -94,6 +104,12 @@ def main(argv=None) -> int:
                     "dense, conv2d)")
     ap.add_argument("--quick", action="store_true", help="a few small rows per target")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument("--trials", type=int, help="programs searched per operator (default: the "
+                    "back end's, 24 on VTA, 0 elsewhere; 0 = the model's default knobs only)")
+    ap.add_argument("--model-check", action="store_true", help="Spearman rank correlation of "
+                    "the cost model with measurement over random knob settings")
+    ap.add_argument("--samples", type=int, default=30, help="knob settings per operator for "
+                    "--model-check (default 30)")
     args = ap.parse_args(argv)
     tgts = args.targets.split(",") if args.targets else targets()
     ops_filter = set(args.ops.split(",")) if args.ops else None
@@ -102,10 +118,18 @@ def main(argv=None) -> int:
         print(f"\r\033[K{msg}" if sys.stderr.isatty() else msg, end="" if sys.stderr.isatty()
               else "\n", file=sys.stderr, flush=True)
 
+    if args.model_check:
+        checked = model_check.run(tgts, ops_filter, args.quick, args.samples, progress)
+        progress("")
+        model_check.print_rows(checked)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(checked, f, indent=1, default=str)
+        return 0
     rows = []
     for t in tgts:
         try:
-            rows += run_target(t, ops_filter, args.quick, progress)
+            rows += run_target(t, ops_filter, args.quick, progress, args.trials)
         except TSLError as e:
             rows.append({"op": "-", "shape": "-", "dtype": "-", "target": t, "verified": False,
                          "skipped": f"{type(e).__name__}: {str(e).splitlines()[0]}",

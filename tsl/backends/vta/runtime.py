@@ -28,6 +28,9 @@ def simulated_estimate(stats: Stats, schedule, assumptions: dict) -> Estimate:
                     pipelined=True,
                     notes=[f"uops: GEMM {st.gemm_uops:,}, reset {st.reset_uops:,}, "
                            f"ALU {st.alu_uops:,}",
+                           "busy: " + ", ".join(f"{mod} {st.busy[mod]:,} cycles "
+                                                f"({100 * st.busy[mod] / max(st.cycles, 1):.0f}%)"
+                                                for mod in MODULES),
                            "instructions: " + ", ".join(f"{k} {v}"
                                                         for k, v in st.insn_counts.items()),
                            "model: " + ", ".join(f"{k}={v}" for k, v in assumptions.items())],
