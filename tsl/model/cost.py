@@ -153,11 +153,14 @@ def _inner_ext(s: Schedule, at: Loop) -> dict[str, int]:
 def tile_rows(s: Schedule, st: Stage) -> int:
     """Contiguous rows of a staged tile in memory: the tile's dimensions outside the innermost
     one it does not cover whole. A packed operand keeps the primitive's block of its k (and n)
-    axis innermost, so that block is whole and the dims outside it set the rows."""
+    axis innermost (the accumulator its n block), so that block is whole and the dims outside
+    it set the rows."""
     dims = list(s.op.tile_shape(st.operand, _inner_ext(s, st.at)))
     p = s.primitive
-    if st.operand in s.packed and p is not None:
-        blocks = {"k": p.k} if st.operand == "A" else {"k": p.k, "n": p.n}
+    # The accumulator is kept in the activations' layout: packed when A is.
+    packed = st.operand in s.packed or (st.operand == "C" and "A" in s.packed)
+    if packed and p is not None:
+        blocks = {"A": {"k": p.k}, "B": {"k": p.k, "n": p.n}, "C": {"n": p.n}}[st.operand]
         inner = []
         for i, (axis, tile, full) in enumerate(dims):
             b = blocks.get(s.role_of(axis))
