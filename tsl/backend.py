@@ -24,6 +24,7 @@ class Backend:
 
     - `build(schedule)` -> an `Artifact` (whose `estimate()` is a `tsl.model.Estimate`);
     - `unavailable(machine)` -> why it cannot build here, or None;
+    - `check(schedule)` -> raises ScheduleError for what it cannot lower beyond the TAM;
     - `measure(artifact)` -> an `Estimate` of one run: measured time (kind "measured"),
       simulated cycles ("simulated"), or, where nothing here can run it, the model ("model");
     - `suite(quick)` -> the operators `python -m tsl.bench` runs on it.
@@ -53,6 +54,10 @@ class Backend:
 
     def build(self, schedule, **options):
         raise NotImplementedError
+
+    def check(self, schedule) -> None:
+        """Raise ScheduleError when this back end cannot lower `schedule` for limits beyond
+        the TAM's capacities (the model's knob search skips such settings)."""
 
     def measure(self, artifact):
         """An `Estimate` of one run of `artifact`; by default its own `estimate()`."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from . import model
-from .backend import resolve_target
+from .backend import get_backend, resolve_target
 from .errors import BackendUnavailable, ScheduleError
 from .ops.operator import Operator
 from .primitives.schedule import Schedule
@@ -20,16 +20,22 @@ def record(op: Operator, machine: Machine, fn: Callable | None = None,
     (`tsl.model.choose`). Raises ScheduleError when it does not fit."""
     fn = fn or default_schedule(op.name)
     try:
+        check = get_backend(machine.backend).check
+    except BackendUnavailable:  # a schedule can be recorded for a back end not installed
+        check = None
+    try:
         s = model.record_fixed(op, machine, fn, knobs)
+        if not set(s.space) - set(knobs or {}):
+            if check is not None:
+                check(s)
+            return s
     except ScheduleError as e:
         # Unset knobs at their first choices may not fit where the model's choice does.
         try:
-            return model.choose(op, machine, fn, knobs)
+            return model.choose(op, machine, fn, knobs, check)
         except ScheduleError:
             raise e from None
-    if set(s.space) - set(knobs or {}):
-        return model.choose(op, machine, fn, knobs)
-    return s
+    return model.choose(op, machine, fn, knobs, check)
 
 
 def schedule(op: Operator, target: str | Machine = "cpu", schedule: Callable | None = None,

@@ -61,8 +61,9 @@ class Choice:
 
 
 class _Search:
-    def __init__(self, op, machine, fn, fixed):
+    def __init__(self, op, machine, fn, fixed, check):
         self.op, self.machine, self.fn, self.fixed = op, machine, fn, dict(fixed or {})
+        self.check = check
         self.seen: dict[tuple, Candidate | None] = {}
 
     def key(self, knobs: dict) -> tuple:
@@ -74,6 +75,8 @@ class _Search:
         if k not in self.seen:
             try:
                 s = record_fixed(self.op, self.machine, self.fn, knobs)
+                if self.check is not None:
+                    self.check(s)
             except ScheduleError:
                 self.seen[k] = None
             else:
@@ -98,10 +101,12 @@ class _Search:
         return best
 
 
-def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0) -> Choice:
+def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,
+           check: Callable | None = None) -> Choice:
     """Price the knob space of `fn` for `op` on `machine` with the knobs in `fixed` held;
-    every candidate found, best (fastest under the model) first."""
-    srch = _Search(op, machine, fn, fixed)
+    every candidate found, best (fastest under the model) first. `check(schedule)` raises
+    ScheduleError for a setting the back end cannot lower (its limits beyond the TAM's)."""
+    srch = _Search(op, machine, fn, fixed, check)
     base = srch.price({})
     space = dict(base.schedule.space) if base else _discover(srch)
     free = sorted(n for n in space if n not in srch.fixed)
@@ -151,10 +156,11 @@ def _discover(srch: _Search) -> dict:
                         f"{srch.op} on {srch.machine.name} with knobs {srch.fixed}")
 
 
-def choose(op, machine, fn: Callable, fixed: dict | None = None) -> Schedule:
+def choose(op, machine, fn: Callable, fixed: dict | None = None,
+           check: Callable | None = None) -> Schedule:
     """The recorded schedule with the unset knobs at the model's choice; `schedule.choice`
     keeps the search (see `explain`)."""
-    choice = search(op, machine, fn, fixed)
+    choice = search(op, machine, fn, fixed, check=check)
     s = choice.best.schedule
     s.choice = choice
     return s

@@ -8,7 +8,7 @@ from ...backend import Backend
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
 from .lowering import TPULowering
-from .runtime import TPUArtifact, check_vmem
+from .runtime import TPUArtifact, check_rows, check_vmem
 
 
 class TPUBackend(Backend):
@@ -18,10 +18,14 @@ class TPUBackend(Backend):
     def unavailable(self, machine, **options) -> str | None:
         return None  # emitting needs no jax; running says what to install
 
+    def check(self, schedule) -> None:
+        check_vmem(schedule)
+        check_rows(schedule)
+
     def build(self, schedule, **options) -> TPUArtifact:
         if options:
             raise TypeError(f"the TPU back end takes no build options, got {sorted(options)}")
-        check_vmem(schedule)
+        self.check(schedule)
         return TPUArtifact(schedule, lower(schedule, TPULowering(schedule.machine)))
 
     def suite(self, quick: bool) -> list:

@@ -118,6 +118,23 @@ def vmem_footprint(s: Schedule) -> tuple[int, list[str]]:
     return used, parts
 
 
+def check_rows(s: Schedule) -> None:
+    """The emitter takes the accumulator tile's rows from one output axis: a tile over two
+    (several oh rows of several ow columns) is refused here, before lowering."""
+    acc = next((st for st in s.stages if st.operand == "C"), None)
+    if acc is None:
+        return
+    inner = {a: 1 for a in s.padded_extents()}
+    for lp in s.loops[s.loops.index(acc.at) + 1:]:
+        for part in lp.parts or (lp,):
+            inner[part.axes[0]] *= part.extent
+    rows = [a for a, n in inner.items() if n > 1 and s.role_of(a) == "m"]
+    if len(rows) > 1:
+        raise ScheduleError(f"schedule of {s.op}: the accumulator tile spans output axes "
+                            f"{rows}; the TPU emitter takes its rows from one axis: tile the "
+                            f"others to 1 inside the accumulator")
+
+
 def check_vmem(s: Schedule) -> None:
     budget = int(s.machine.params.get("vmem_scoped_bytes", 0))
     used, parts = vmem_footprint(s)
