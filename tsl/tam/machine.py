@@ -135,6 +135,7 @@ class Machine:
     params: Mapping[str, object] = field(default_factory=dict)
     description: str = ""
     source: str = ""
+    notes: tuple[str, ...] = ()  # how this machine was arrived at (e.g. host detection)
 
     # -- lookups used by schedules and back ends -------------------------------------------
     def memory_level(self, name: str) -> MemoryLevel:
