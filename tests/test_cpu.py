@@ -191,3 +191,23 @@ def test_estimate_and_source():
     assert est.macs == 100 ** 3 and est.padded_macs >= est.macs
     assert "time at peak" in str(est)
     assert "define" in art.source()
+
+
+def test_primitive_scratch_counts_against_the_accumulator_level(tmp_path):
+    """A primitive that needs registers of its own besides the accumulator tile (vpmaddwd)
+    leaves less room for the tile: the file says how much, the schedule checks it."""
+    base = host.detect()
+    p8 = base.primitive("int8") or base.primitive("uint8")
+    acc = next(lv for lv in base.memory if lv.name == p8.c_level)
+
+    def edit(s):
+        at = s.index(f'name = "{p8.name}"')
+        s = s[:at] + s[at:].replace("latency", f"scratch = {acc.capacity - 4 * p8.n}\nlatency",
+                                    1)
+        return re.sub(r'\nscratch = "[^"]*"', "", s, count=1) if p8.scratch else s
+
+    m = host.specialize(variant(tmp_path, "tight", edit), host.info())
+    op = ops.matmul(64, 64, 64, dtype="int8")
+    with pytest.raises(tsl.ScheduleError, match=rf"{p8.name}'s scratch"):
+        tsl.build(op, m, knobs={"m_inner": 2, "n_inner": 1})
+    assert tsl.build(op, m, knobs={"m_inner": 1, "n_inner": 1}).verify()[0]

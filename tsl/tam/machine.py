@@ -83,6 +83,9 @@ class TensorPrimitive:
     # "dot4", "madd2") and, where the kind needs one, the target intrinsic it calls.
     instruction: str = ""
     intrinsic: str = ""
+    # Bytes of c_level the instruction needs besides the accumulator tile (x86 vpmaddwd writes
+    # its products to a register of their own before they are added).
+    scratch: int = 0
 
     @property
     def shape(self) -> tuple[int, int, int]:

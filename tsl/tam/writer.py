@@ -10,7 +10,8 @@ from .machine import Machine
 _TABLES = (("compute", "compute"), ("memory", "memory"), ("primitive", "primitives"),
            ("mover", "movers"), ("vector", "vectors"))
 _SKIP = {"memory": {"instances": 1}, "primitive": {"issued_by": None, "instruction": "",
-                                                    "intrinsic": "", "layout_a": "mk"}}
+                                                    "intrinsic": "", "layout_a": "mk",
+                                                    "scratch": 0}}
 
 
 def _value(v) -> str:
