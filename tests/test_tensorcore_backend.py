@@ -88,11 +88,6 @@ def test_cuda_source(name):
     assert [p[1] for p in k.params][:2] == [art.op.dtype] * 2
 
 
-def test_small_gemm_spreads_over_the_sms():
-    art = tsl.build(tsl.ops.dense(128, 768, 768, dtype="float16"), "tensorcore-sm90")
-    assert art.kernel.grid[0] >= art.machine.cores()
-
-
 @needs_nvcc
 def test_small_gemm_ptx():
     art = tsl.build(tsl.ops.dense(128, 768, 768, dtype="float16"), "tensorcore-sm90")
@@ -166,7 +161,7 @@ def test_conv2d_tiles_over_shared_memory_are_a_schedule_error():
 def test_conv2d_serial_loops_outside_the_grid_are_refused():
     op = tsl.ops.conv2d(1, 32, 8, 8, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")
     with pytest.raises(tsl.LoweringError, match="parallel_axes='n_oh_co'"):
-        tsl.build(op, "tensorcore-sm90", knobs={"parallel_axes": "co"})
+        tsl.build(op, "tensorcore-sm90", knobs={"parallel_axes": "co", "h_inner": 1})
 
 
 @needs_nvcc

@@ -54,13 +54,16 @@ class Transfer:
     shared_bandwidth: float = 0.0  # bytes per cycle of a parent every unit shares (0: none)
     units: float = 1.0
     hidden: float = 0.0  # fraction of the shorter of this path and compute hidden by overlap
+    in_flight: int = 1  # transfers of this tile under way at once (its pipeline depth)
 
     @property
     def total_bytes(self) -> int:
         return self.fills * self.bytes
 
     def fill_cycles(self) -> float:
-        lat = self.latency * (self.rows if self.serial_rows else 1)
+        # Serial rows keep the mover busy through each row's latency; otherwise the latency
+        # of one transfer overlaps the others in flight, one per buffer (pipeline stage).
+        lat = self.latency * self.rows if self.serial_rows else self.latency / self.in_flight
         return lat + (self.bytes / self.bandwidth if self.bandwidth else 0.0)
 
     def cycles(self) -> float:
@@ -210,7 +213,8 @@ def transfers(s: Schedule) -> list[Transfer]:
             fills, nbytes = cache_reuse(s, st)
         out.append(Transfer(f"{st.operand} tile at {st.at.name}", lv.name, parent.name, fills,
                             nbytes, tile_rows(s, st), mv.latency if mv else 0.0,
-                            bool(mv and mv.serial_rows), bw, shared, units, hidden))
+                            bool(mv and mv.serial_rows), bw, shared, units, hidden,
+                            st.at.stages))
     # The write-back overlaps as well as the operand loads around it do (a separate path).
     best = max((t.hidden for t in out), default=0.0)
     return [t if not t.what.startswith("C write-back") else _replace(t, hidden=best)
