@@ -8,7 +8,7 @@
 TVM is imported only when something is lowered, so `import tsl` stays fast.
 """
 
-from . import ops
+from . import model, ops
 from .build import build, schedule
 from .errors import (BackendUnavailable, InputError, LoweringError, ScheduleError, TAMError,
                      TSLError)
@@ -24,7 +24,7 @@ def verify(artifact, seed: int = 1) -> tuple[bool, float]:
     return artifact.verify(seed)
 
 
-__all__ = ["ops", "build", "schedule", "verify", "Schedule", "Loop", "Machine", "load_machine",
-           "machines", "default_schedule", "TSLError", "TAMError", "ScheduleError",
-           "LoweringError", "BackendUnavailable", "InputError"]
+__all__ = ["ops", "model", "build", "schedule", "verify", "Schedule", "Loop", "Machine",
+           "load_machine", "machines", "default_schedule", "TSLError", "TAMError",
+           "ScheduleError", "LoweringError", "BackendUnavailable", "InputError"]
 __version__ = "0.1.0"
