@@ -19,9 +19,10 @@ class Estimate:
     """Seconds of one run of an operator and where they go.
 
     traffic: bytes moved into each memory level over the whole run (by level name).
-    level_seconds: time each data path needs for that traffic (by level name); compute_seconds
-    the tensor primitive's (and vector units') time. bound: the level name or "compute" that
-    sets the time. utilization: useful MACs per second over the machine's peak for the dtype.
+    level_seconds: time of each data path, named by the level the data streams out of (the
+    model's paths; a simulator's modules); compute_seconds the tensor primitive's (and vector
+    units') time. bound: the path or "compute" that sets the time. utilization: useful MACs
+    per second over the machine's peak for the dtype.
     """
 
     seconds: float
@@ -92,10 +93,12 @@ class Estimate:
             lines.append(f"  MACs {self.macs:,} ({self.padded_macs:,} performed, "
                          f"{100 * self.waste:.1f}% padding): compute "
                          f"{self.compute_seconds * 1e6:.1f} us")
-        for lv, b in self.traffic.items():
-            t = self.level_seconds.get(lv)
-            lines.append(f"  {lv}: {b / 1e6:.3f} MB moved" + (f", {t * 1e6:.1f} us"
-                                                              if t is not None else ""))
+        if self.traffic:
+            lines.append("  moved into: " + ", ".join(f"{lv} {b / 1e6:.3f} MB"
+                                                      for lv, b in self.traffic.items()))
+        if self.level_seconds:
+            lines.append("  time per path: " + ", ".join(f"{lv} {t * 1e6:.1f} us"
+                                                         for lv, t in self.level_seconds.items()))
         if self.level_seconds or self.compute_seconds:
             lines.append("  movement overlaps compute (pipelined)" if self.pipelined
                          else "  movement and compute add up (not pipelined)")
