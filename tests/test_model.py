@@ -126,3 +126,13 @@ def test_model_ranks_knob_settings_like_cpu_time():
         pytest.skip(backend.unavailable(machine))
     row = model_check.check_op(tsl.ops.matmul(96, 96, 96), "cpu", n=12)
     assert row["kind"] == "measured" and row["spearman"] >= 0.3, row
+
+
+def test_bench_trials_and_model_check_flags():
+    from tsl.bench.__main__ import main
+
+    assert main(["--targets", "vta", "--quick", "--ops", "dense", "--trials", "0"]) == 0
+    rows = model_check.run(["vta"], {"dense"}, True, 8, lambda msg: None)
+    assert rows and all(r["kind"] == "simulated" and r["n"] == 8 for r in rows)
+    tpu = model_check.run(["tpu-v5e"], {"dense"}, True, 4, lambda msg: None)
+    assert tpu == [{"target": "tpu-v5e", "skipped": "its measure is the model itself"}]
