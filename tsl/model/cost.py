@@ -111,12 +111,13 @@ def _dtype(s: Schedule, operand: str) -> str:
     return s.op.acc_dtype if operand == "C" else s.op.input(operand).dtype
 
 
-def cache_reuse(s: Schedule, st: Stage) -> tuple[int, int]:
-    """(fills, bytes per fill) of a tile in a hardware cache. Nothing is copied: a line comes
-    in when it is touched and stays while the data touched since fits, so the tile is
-    reloaded only under the outermost loop whose working set (every operand the level holds)
-    still fits the level; loops it does not depend on inside that one reuse it for free."""
-    lv = st.level
+def cache_reuse(s: Schedule, st: Stage, lv: MemoryLevel | None = None) -> tuple[int, int]:
+    """(fills, bytes per fill) of a tile in hardware cache `lv` (default: the stage's). Nothing
+    is copied: a line comes in when it is touched and stays while the data touched since
+    fits, so the tile is reloaded only under the outermost loop whose working set (every
+    operand the level holds) still fits the level; loops it does not depend on inside that
+    one reuse it for free."""
+    lv = lv or st.level
     nominal = s.loops.index(st.at) + 1
     pos = nominal
     for p in range(nominal, -1, -1):
@@ -215,6 +216,20 @@ def transfers(s: Schedule) -> list[Transfer]:
                             nbytes, tile_rows(s, st), mv.latency if mv else 0.0,
                             bool(mv and mv.serial_rows), bw, shared, units, hidden,
                             st.at.stages))
+    # A cache with no stage of its own (an L3 around the staged L2) passes on what the tiles
+    # staged below it need, with the reuse its own capacity gives.
+    for lv in m.memory:
+        if lv.managed or any(st.level is lv for st in s.stages):
+            continue
+        for st in s.stages:
+            if st.operand == "C" or st.level.parent != lv.name:
+                continue
+            parent = _parent(s, lv)
+            fills, nbytes = cache_reuse(s, st, lv)
+            shared = parent.bandwidth if parent.per is None and parent.role == "global" else 0.0
+            out.append(Transfer(f"{st.operand} through {lv.name}", lv.name, parent.name, fills,
+                                nbytes, bandwidth=lv.bandwidth or parent.bandwidth,
+                                shared_bandwidth=shared, units=units, hidden=1.0))
     # The write-back overlaps as well as the operand loads around it do (a separate path).
     best = max((t.hidden for t in out), default=0.0)
     return [t if not t.what.startswith("C write-back") else _replace(t, hidden=best)
@@ -237,6 +252,17 @@ def issue_efficiency(s: Schedule) -> float:
     acc = next((st for st in s.stages if st.operand == "C"), None)
     blocks = acc.elements / (p.m * p.n) if acc else 1
     return min(1.0, blocks / need) if need > 1 else 1.0
+
+
+def launch_cycles(s: Schedule) -> float:
+    """Cycles spent starting parallel instances: each loop run over a compute level with a
+    launch cost pays it once per iteration of the loops around it."""
+    total = 0.0
+    for i, lp in enumerate(s.loops):
+        if lp.parallel:
+            cl = s.machine.compute_level(lp.parallel)
+            total += cl.launch_cycles * math.prod(o.extent for o in s.loops[:i])
+    return total
 
 
 def compute_cycles(s: Schedule) -> tuple[float, float, list[str]]:
@@ -294,7 +320,10 @@ def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None
                                       + max(t.cycles(), t.shared_cycles()))
     slowest = max([("compute", comp)] + list(overlap.items()), key=lambda kv: kv[1])
     pipelined = bool(overlap)
-    cycles = slowest[1] + serial
+    launches = launch_cycles(s)
+    cycles = slowest[1] + serial + launches
+    if launches > 0.1 * cycles:
+        cnotes.append(f"starting parallel instances: {launches / clock * 1e6:.1f} us")
     if pipelined:
         # What the overlap leaves exposed of the shorter side, and the first tiles' fill.
         worst = max(overlap, key=lambda lv: overlap[lv] * (1 - hidden[lv]))

@@ -5,7 +5,7 @@ File format (every machine file in `machines/` is an example)::
     [machine]        name, backend, clock_hz, description
     [params]         back-end parameters (free-form; the back end checks them)
     [peaks]          dtype = operations per second
-    [[compute]]      name, role, count, bind, virtual
+    [[compute]]      name, role, count, bind, virtual, launch_cycles
     [[memory]]       name, role, capacity, holds, parent, instances, per, bandwidth, alignment, managed
     [[primitive]]    name, kind, m, n, k, a_dtype, b_dtype, acc_dtype, a_level, b_level, c_level,
                      layout_a, layout_b, macs_per_cycle, latency, issued_by, instruction,
@@ -130,7 +130,8 @@ class _Parser:
         t = f"compute #{i}"
         kw = self.fields(t, raw, ComputeLevel, {"name": _str, "role": _choice(COMPUTE_ROLES),
                                                 "count": _pos_int, "bind": _str,
-                                                "virtual": _bool})
+                                                "virtual": _bool,
+                                                "launch_cycles": _nonneg_float})
         return ComputeLevel(**kw)
 
     def memory(self, raws: list, compute) -> tuple[MemoryLevel, ...]:

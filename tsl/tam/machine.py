@@ -39,6 +39,9 @@ class ComputeLevel:
     # loop over them hides one instance's data movement behind another's compute, it does not
     # add compute throughput.
     virtual: bool = False
+    # Cycles to start the instances once (a CPU thread pool's fork and join): paid again on
+    # every iteration of the loops around a loop run over this level.
+    launch_cycles: float = 0.0
 
 
 @dataclass(frozen=True)
