@@ -1,4 +1,4 @@
-"""`python -m tsl.tam list` and `python -m tsl.tam show NAME|PATH`."""
+"""`python -m tsl.tam list` and `python -m tsl.tam show NAME|PATH [--plot FILE.png]`."""
 
 from __future__ import annotations
 
@@ -46,15 +46,23 @@ def main(argv=None) -> int:
     sub.add_parser("list", help="built-in machines")
     show = sub.add_parser("show", help="print one machine")
     show.add_argument("machine", help="a built-in name or a path to a .toml file")
+    show.add_argument("--plot", metavar="PNG", help="also draw the machine's roofline (compute "
+                      "ceiling per dtype, bandwidth ceiling per memory level) into this file")
     args = ap.parse_args(argv)
     if args.cmd == "list":
         print("\n".join(builtin_names()))
         return 0
     try:
-        print(render(load(args.machine)))
+        m = load(args.machine)
+        print(render(m))
     except TAMError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.plot:
+        from .roofline import plot
+
+        plot(m, args.plot)
+        print(f"roofline: {args.plot}")
     return 0
 
 

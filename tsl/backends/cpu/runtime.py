@@ -97,7 +97,8 @@ class CPUArtifact(Artifact):
         sec, base_rate = float(np.median(secs)), float(np.median(base))
         rate = 2 * self.op.macs / sec
         peak = self.machine.peak(self.op.dtype)
-        return {"seconds": sec, "rate": rate, "pct_peak": 100 * rate / peak if peak else 0.0,
+        return {"seconds": sec, "samples": secs, "rate": rate,
+                "pct_peak": 100 * rate / peak if peak else 0.0,
                 "baseline": base_name, "baseline_rate": base_rate, "speedup": rate / base_rate}
 
     def source(self, kind: str = "ll") -> str:
