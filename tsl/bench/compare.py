@@ -120,22 +120,30 @@ def plot(ms: list[Match], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     rated = [m for m in ms if m.ratio is not None]
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.32 * len(rated)), dpi=100)
     colors = {"regression": "C3", "slower": "C1", "faster": "C2", "same": "0.6"}
     for y, m in enumerate(reversed(rated)):
         ax.barh(y, m.ratio - 1, left=1, color=colors[m.status], height=0.6)
+        ax.plot(m.ratio, y, "|", color="k", ms=10)  # a "same" row shows its ratio too
+        ax.annotate(f"{m.ratio:.3f} {m.status}", (max(m.ratio, 1 + m.band), y), xytext=(6, -3),
+                    textcoords="offset points", fontsize=7)
         if m.band:
             ax.errorbar(1, y, xerr=[[m.band], [m.band]], color="k", capsize=3, lw=1)
     ax.axvline(1, color="k", lw=1)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.set_yticks(range(len(rated)))
     ax.set_yticklabels([" ".join(m.key) for m in reversed(rated)], fontsize=7)
     ax.set_xlabel("new time / old time (log; >1: slower); whiskers: noise band")
     lo = min([m.ratio for m in rated] + [1 - m.band for m in rated] + [0.9])
     hi = max([m.ratio for m in rated] + [1 + m.band for m in rated] + [1.1])
-    ax.set_xlim(lo / 1.1, hi * 1.1)
+    ax.set_xlim(lo / 1.1, hi * 1.4)
+    ax.set_xticks([t for t in (0.1, 0.25, 0.5, 0.7, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4, 10)
+                   if lo / 1.1 <= t <= hi * 1.4])
     ax.set_title("bench compare")
     fig.tight_layout()
     fig.savefig(path, format="png")
@@ -154,8 +162,12 @@ def write(ms: list[Match], old_path, new_path, threshold: float, outdir) -> Path
     if any(m.ratio is not None for m in ms):
         plot(ms, outdir / "compare.png")
         images.append(("compare.png", "new/old per row; whiskers are the noise band"))
+    how = ("Rows are matched by (op, shape, dtype, target); new/old is the ratio of times "
+           "(> 1: slower); the noise band is the sum of both rows' relative half-spreads over "
+           "their repeated timings (0 for simulated and modelled rows). Regression: slower than "
+           f"the band + {threshold:.0%}; broken: ran before, fails or is skipped now.")
     sections = [Section("Summary", [f"old: {old_path}", f"new: {new_path}", counts, verdict,
-                                    __doc__.split("\n\n")[1].replace("\n", " ")]),
+                                    how]),
                 Section("Rows, regressions first", table=table(ms), images=images)]
     write_page("tsl bench compare", sections, outdir)
     return outdir / "index.html"

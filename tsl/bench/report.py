@@ -203,7 +203,8 @@ def peers_images(rows: list[dict], outdir: Path) -> list[tuple[str, str]]:
             file = f"peers-{safe(target)}.png"
             plot_peers(target, mine, outdir / file)
             images.append((file, f"{target}: tsl's rate over each peer's, per row; solid bars "
-                                 "are measured on both sides, dotted simulated, hatched modelled."))
+                                 "are measured on both sides, dotted simulated, hatched "
+                                 "modelled; rows without a peer are left out."))
     return images
 
 

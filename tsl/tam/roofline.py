@@ -122,7 +122,8 @@ def plot(m: Machine, path, points: list[Point] = (), title: str | None = None) -
     ax.set_ylabel("operations per second")
     ax.set_title(title or f"{m.name}: roofline from {Path(m.source).name or 'its TAM'}")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right", title="ceilings: peaks; B/cycle x clock x copies", title_fontsize=7)
+    ax.legend(fontsize=7, loc="lower right", title="ceilings: peaks; B/cycle x clock x copies",
+              title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)
