@@ -98,9 +98,11 @@ def host_info() -> dict:
     from ..backend import resolve_target
 
     try:
-        detected = resolve_target("cpu")[1].name
+        backend, m = resolve_target("cpu")
+        why = backend.unavailable(m)
+        detected = m.name + (f" (cannot build here: {why})" if why else "")
     except TSLError as e:
-        detected = f"none ({type(e).__name__})"
+        detected = f"none ({type(e).__name__}: {e})"
     versions = {}
     for dist in ("tsl", "apache-tvm", "jax", "jaxlib", "numpy", "matplotlib"):
         try:
@@ -214,7 +216,7 @@ def host_section(host: dict) -> Section:
         return Section("Host", ["not recorded (a `--json` file has rows only)"])
     body = [[k, str(v)] for k, v in host.items() if k != "versions"]
     body += [[f"{k} version", v] for k, v in host.get("versions", {}).items()]
-    return Section("Host", table=(["", ""], body))
+    return Section("Host", table=(["item", "value"], body))
 
 
 def row_cells(n: int, row: dict) -> list[str]:
@@ -238,6 +240,8 @@ def write_report(doc: dict, outdir) -> Path:
     head = ["#", *COLUMNS[:4], "kind", "intensity (OP/B)", *COLUMNS[4:8], "bound",
             *COLUMNS[8:]]
     roofs, notes = roofline_images(rows, outdir)
+    if not roofs and not notes:
+        notes = ["no row ran, so no machine has points to draw"]
     kinds = (f"kind: how the time was obtained ({', '.join(KIND_ORDER)}); a ratio is as weak as "
              "its weaker side. Intensity: useful operations per byte at the level that bounds the "
              "row; bound: the lower roofline ceiling there.")
