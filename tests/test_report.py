@@ -1,7 +1,7 @@
 """The bench report: rooflines from the TAM, peers charts, the HTML/Markdown page, and compare.
 
-Plots are rendered from tests/data/bench_fixture.json (rows of a `--quick` run on VTA, TPU and
-Tensor Cores, and two CPU rows in the same schema) and read back with matplotlib."""
+Plots are rendered from tests/data/bench_fixture.json (rows of `--quick` runs on this host's CPU,
+VTA, TPU and Tensor Cores, and a skipped target) and read back with matplotlib."""
 
 import base64
 import copy
@@ -133,7 +133,7 @@ def test_compare_identical_runs_pass(doc, tmp_path, capsys):
 
 def test_compare_regression_first_and_gates(doc, tmp_path, capsys):
     new = copy.deepcopy(doc)
-    slow = _row(new, "vta", "dense")  # simulated: no noise band, any change is real
+    slow = _row(new, "vta-1x16x16", "dense")  # simulated: no noise band, any change is real
     slow["seconds"] *= 1.10
     slow["cycles"] = round(slow["cycles"] * 1.10)
     fast = _row(new, "tpu-v5e", "dense")
@@ -155,29 +155,32 @@ def test_compare_regression_first_and_gates(doc, tmp_path, capsys):
 
 
 def test_compare_noise_band_from_repeated_measurements(doc):
-    new = copy.deepcopy(doc)
-    row = _row(new, "cpu", "matmul")
-    band = rows.noise(_row(doc, "cpu", "matmul")) * 2
-    assert band > 0.05  # 3.4, 3.5, 3.8 -> +-5.7% each side
-    row["seconds"] *= 1.08
-    m = next(m for m in compare.compare(doc["rows"], new["rows"], 0.0)
-             if m.key[3] == "cpu" and m.key[2] == "float32")
-    assert m.status == "same" and math.isclose(m.band, band) and math.isclose(m.ratio, 1.08)
-    row["seconds"] *= 1.10  # now 18.8% slower: beyond the band
-    m = next(m for m in compare.compare(doc["rows"], new["rows"], 0.0)
-             if m.key[3] == "cpu" and m.key[2] == "float32")
-    assert m.status == "regression"
+    old, new = copy.deepcopy(doc), copy.deepcopy(doc)
+    _row(old, "x86-avx2", "dense")["samples"] = [3.4e-4, 3.5e-4, 3.8e-4]  # +-5.7%
+    row = _row(new, "x86-avx2", "dense")
+    row["samples"] = [3.5e-4, 3.5e-4, 3.5e-4]
+    row["seconds"] = _row(old, "x86-avx2", "dense")["seconds"] * 1.05
+
+    def dense():
+        return next(m for m in compare.compare(old["rows"], new["rows"], 0.0)
+                    if m.key[0] == "dense" and m.key[3] == "x86-avx2")
+
+    m = dense()
+    assert m.status == "same" and math.isclose(m.band, 0.4 / 7) and math.isclose(m.ratio, 1.05)
+    row["seconds"] *= 1.05  # now 10.25% slower: beyond the band
+    assert dense().status == "regression"
+    assert rows.noise(_row(doc, "vta-1x16x16", "dense")) == 0  # simulated: no noise
 
 
 def test_compare_never_divides_measured_by_modelled_and_flags_breakage(doc, tmp_path):
     new = copy.deepcopy(doc)
-    _row(new, "cpu", "matmul")["kind"] = "model"
+    _row(new, "x86-avx2", "dense")["kind"] = "model"
     broken = _row(new, "tpu-v5e", "dense")
     broken.update(verified=False, failed="LoweringError: example")
     del broken["seconds"]
     ms = {(m.key[3], m.key[0], m.key[2]): m for m in compare.compare(doc["rows"], new["rows"],
                                                                       0.05)}
-    inc = ms[("cpu", "matmul", "float32")]
+    inc = ms[("x86-avx2", "dense", "float32")]
     assert inc.status == "incomparable" and inc.ratio is None and "measured" in inc.note
     assert ms[("tpu-v5e", "dense", "bfloat16")].status == "broken"
     assert bench_main(["--compare", _write(tmp_path, "o.json", doc),
@@ -204,7 +207,7 @@ def test_bench_report_command(tmp_path):
     for row in doc["rows"]:
         assert row["kind"] == "model" and row["traffic_from"] == "estimate"
         assert row["intensity"] == pytest.approx(row["flops"] / row["traffic"]["hbm"])
-        assert row["peers"][0]["kind"] == "model"
+        assert row["peers"]["xla-dot estimate"]["kind"] == "model"
     for name in ("index.html", "report.md", "roofline-tpu-v5e.png", "peers-tpu-v5e.png"):
         assert (out / name).exists()
     assert_png(out / "roofline-tpu-v5e.png")

@@ -20,11 +20,15 @@ from tsl import ops
 from tsl.bench.rows import compulsory_bytes
 from tsl.tam import roofline
 
-# 1. The machine: plain data from a TOML file.
-cpu = tsl.load_machine("x86-avx512")
+# 1. The machine: plain data from a TOML file. target="cpu" means the built-in file that fits
+#    this host best (x86-avx2, x86-avx512, aarch64-neon-dotprod, ...), with the host's core
+#    count and caches; `python -m tsl.tam detect` says which and why.
+cpu = tsl.tam.detect()
 acc = cpu.levels("accumulator", "C")[0]
-print(f"machine {cpu.name}: {cpu.cores()} cores, primitive {cpu.primitive('float32').name}, "
+prim = cpu.primitive("float32")
+print(f"machine {cpu.name}: {cpu.cores()} cores, primitive {prim.name}, "
       f"accumulator level {acc.name} of {acc.capacity} B")
+print("\n".join(cpu.notes))
 
 #    Its roofline, from the same file: a compute ceiling per operand dtype (the [peaks] table)
 #    and a bandwidth ceiling per memory level that states one. `python -m tsl.tam show
@@ -40,10 +44,14 @@ print(f"roofline of {cpu.name}: {roof}")
 # 2. The schedule, written against roles and knobs.
 print(inspect.getsource(my_schedule))
 
-# 3. Record it and validate it against the machine (no TVM involved yet). On this CPU a 6 x 64
-#    fp32 accumulator tile fills the 24 registers the machine file grants to C.
+# 3. Record it and validate it against the machine (no TVM involved yet). The accumulator tile
+#    is rows x cols vector registers of the primitive's width: as many as the machine file grants
+#    to C (24 zmm on x86-avx512, 12 ymm on x86-avx2, 24 v registers on aarch64).
+regs = acc.capacity // (prim.n * 4)
+cols = 4 if regs >= 24 else 2
+rows = max(r for r in (1, 2, 4, 6, 8) if r * cols <= regs)
 op = ops.matmul(512, 512, 512, dtype="float32")
-knobs = {"rows": 6, "cols": 4, "depth": 64}
+knobs = {"rows": rows, "cols": cols, "depth": 64}
 print(tsl.schedule(op, cpu, my_schedule, knobs))
 
 # 4. Build, run, verify against NumPy.
@@ -61,7 +69,7 @@ try:
 except tsl.ScheduleError as e:
     print("ScheduleError:", e)
 else:
-    raise AssertionError("an 8 x 64 fp32 accumulator tile does not fit 1.5 KiB of registers")
+    raise AssertionError("8 x 4 vector registers of accumulator do not fit any CPU's register file")
 
 # 6. The operator's default schedule (tsl.schedules) for comparison: the same roles, with knob
 #    defaults derived from the machine's capacities.

@@ -15,6 +15,7 @@ import sys
 import time
 
 from ..backend import resolve_target, targets
+from ..tam import load
 from ..build import record
 from ..errors import BackendUnavailable, TSLError
 from .rows import roofline_fields
@@ -34,7 +35,7 @@ def run_target(target: str, ops_filter, quick: bool, progress) -> list[dict]:
              if not ops_filter or op.name in ops_filter]
     for n, op in enumerate(suite, 1):
         progress(f"[{target} {n}/{len(suite)}] {op} ...")
-        row = {"op": op.name, "shape": op.shape_str, "dtype": op.dtype, "target": target}
+        row = {"op": op.name, "shape": op.shape_str, "dtype": op.dtype, "target": machine.name}
         if op.name == "conv2d":
             row["shape"] += "/" + op.params["layout"]
         try:
@@ -73,6 +74,11 @@ def fmt(row: dict) -> list[str]:
     sp = row.get("speedup")
     verified = {True: "yes", False: "NO", None: "n/a"}[row["verified"]]
     notes = row.get("checks") or row.get("notes") or ""
+    others = [f"{r['ratio']:.2f}x {name}" for name, r in row.get("peers", {}).items()
+              if name != row.get("baseline")]
+    if others or row.get("blas"):
+        notes = "; ".join(x for x in ["vs " + ", ".join(others) if others else "",
+                                      row.get("blas", ""), notes] if x)
     if row["verified"] is None:
         notes = f"{notes}; not run here: {row['unverified']}"
     return [row["op"], row["shape"], row["dtype"], row["target"], verified,
@@ -93,10 +99,15 @@ def print_cells(head: list[str], body: list[list[str]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
+def default_targets() -> list[str]:
+    """The host's CPU (as detected) and every non-CPU built-in machine."""
+    return ["cpu"] + [t for t in targets() if load(t).backend != "cpu"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tsl.bench", description=__doc__.split("\n\n")[1])
-    ap.add_argument("--targets", help="comma-separated machine or back-end names "
-                    f"(default: all of {', '.join(targets())})")
+    ap.add_argument("--targets", help="comma-separated machine or back-end names (default: "
+                    f"cpu, i.e. this host's machine, and {', '.join(default_targets()[1:])})")
     ap.add_argument("--ops", help="comma-separated operator names (matmul, batch_matmul, "
                     "dense, conv2d)")
     ap.add_argument("--quick", action="store_true", help="a few small rows per target")
@@ -112,7 +123,7 @@ def main(argv=None) -> int:
         from . import compare
 
         return compare.main(*args.compare, args.threshold, args.report)
-    tgts = args.targets.split(",") if args.targets else targets()
+    tgts = args.targets.split(",") if args.targets else default_targets()
     ops_filter = set(args.ops.split(",")) if args.ops else None
 
     def progress(msg):

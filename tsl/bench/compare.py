@@ -131,7 +131,8 @@ def plot(ms: list[Match], path: Path) -> None:
         ax.annotate(f"{m.ratio:.3f} {m.status}", (max(m.ratio, 1 + m.band), y), xytext=(6, -3),
                     textcoords="offset points", fontsize=7)
         if m.band:
-            ax.errorbar(1, y, xerr=[[m.band], [m.band]], color="k", capsize=3, lw=1)
+            # A band over 100% (a very noisy row) is drawn down to 0.05x on the log axis.
+            ax.errorbar(1, y, xerr=[[min(m.band, 0.95)], [m.band]], color="k", capsize=3, lw=1)
     ax.axvline(1, color="k", lw=1)
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
@@ -139,10 +140,10 @@ def plot(ms: list[Match], path: Path) -> None:
     ax.set_yticks(range(len(rated)))
     ax.set_yticklabels([" ".join(m.key) for m in reversed(rated)], fontsize=7)
     ax.set_xlabel("new time / old time (log; >1: slower); whiskers: noise band")
-    lo = min([m.ratio for m in rated] + [1 - m.band for m in rated] + [0.9])
+    lo = min([m.ratio for m in rated] + [max(1 - m.band, 0.05) for m in rated] + [0.9])
     hi = max([m.ratio for m in rated] + [1 + m.band for m in rated] + [1.1])
     ax.set_xlim(lo / 1.1, hi * 1.4)
-    ax.set_xticks([t for t in (0.1, 0.25, 0.5, 0.7, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4, 10)
+    ax.set_xticks([t for t in (0.05, 0.1, 0.25, 0.5, 0.7, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4, 10)
                    if lo / 1.1 <= t <= hi * 1.4])
     ax.set_title("bench compare")
     fig.tight_layout()

@@ -159,20 +159,19 @@ def plot_peers(target: str, rows: list[tuple[int, dict]], path: Path) -> None:
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter, LogLocator
 
-    names = list(dict.fromkeys(p["name"] for _, r in rows for p in r["peers"]))
+    names = list(dict.fromkeys(name for _, r in rows for name in r["peers"]))
     color = {nm: f"C{i % 10}" for i, nm in enumerate(names)}
     width = 0.8 / len(names)
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.8), dpi=100)
     for x, (n, r) in enumerate(rows):
-        for p in r["peers"]:
-            i = names.index(p["name"])
-            xb = x - 0.4 + width * (i + 0.5)
+        for name, p in r["peers"].items():
+            xb = x - 0.4 + width * (names.index(name) + 0.5)
             # Bars grow from parity (1x), up when tsl is faster, down when it is slower.
-            ax.bar(xb, p["speedup"] - 1, width, bottom=1, color=color[p["name"]],
+            ax.bar(xb, p["ratio"] - 1, width, bottom=1, color=color[name],
                    hatch=HATCH[p["kind"]], alpha=1.0 if p["kind"] == "measured" else 0.55,
                    edgecolor="k", lw=0.6)
-            ax.annotate(f"{p['speedup']:.2f}x", (xb, p["speedup"]), ha="center", fontsize=7,
-                        xytext=(0, 2), textcoords="offset points")
+            ax.annotate(f"{p['ratio']:.2f}x", (xb, p["ratio"]), ha="center", fontsize=7,
+                        xytext=(0, 2 if p["ratio"] >= 1 else -9), textcoords="offset points")
     ax.axhline(1.0, color="k", lw=1)
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(base=2))
@@ -186,7 +185,8 @@ def plot_peers(target: str, rows: list[tuple[int, dict]], path: Path) -> None:
     ax.set_ylabel("tsl rate / peer rate (log; >1: tsl faster)")
     ax.set_title(f"{target}: tsl against its peers")
     handles = [Patch(facecolor=color[nm], label=nm) for nm in names]
-    kinds = [k for k in KIND_ORDER if any(p["kind"] == k for _, r in rows for p in r["peers"])]
+    kinds = [k for k in KIND_ORDER
+             if any(p["kind"] == k for _, r in rows for p in r["peers"].values())]
     handles += [Patch(facecolor="white", edgecolor="k", hatch=HATCH[k], label=f"{k} ratio")
                 for k in kinds]
     ax.legend(handles=handles, fontsize=7)

@@ -19,9 +19,10 @@ of `{"host": ..., "rows": [...]}`) has, besides what the back end's `benchmark()
     bound_level                the level whose traffic takes longest at its bandwidth
     intensity                  flops / traffic[bound_level], operations per byte
     bound                      "compute" or bound_level: the lower roofline ceiling there
-    peers                      [{"name", "speedup", "kind"}]: tsl's rate over each baseline's,
-                               and the weaker of the two kinds (a ratio is only as measured as
-                               its less-measured side)
+    baseline, speedup          the first peer and tsl's rate over its rate
+    peers                      {name: {"ratio", "kind", "rate" where measured}}: tsl's rate over
+                               each peer's, and the weaker of the two kinds (a ratio is only as
+                               measured as its less-measured side); `baseline` is one of them
 
 Skipped rows have `skipped`, failed rows `failed`, and neither has the fields below `cycles`.
 """
@@ -98,10 +99,13 @@ def roofline_fields(art, row: dict) -> dict:
     kind = row_kind(row)
     out = {"machine": art.machine.name, "kind": kind, "flops": flops, "traffic": moved,
            "traffic_from": source, **bound_of(art.machine, art.op.dtype, flops, moved)}
-    if row.get("speedup") is not None:
-        out["peers"] = row.get("peers") or [
-            {"name": row["baseline"], "speedup": row["speedup"],
-             "kind": weaker(kind, baseline_kind(row))}]
+    peers = {name: dict(p) for name, p in (row.get("peers") or {}).items()}
+    if not peers and row.get("speedup") is not None:
+        peers = {row["baseline"]: {"ratio": row["speedup"]}}
+    for p in peers.values():
+        p.setdefault("kind", weaker(kind, baseline_kind(row)))
+    if peers:
+        out["peers"] = peers
     return out
 
 
