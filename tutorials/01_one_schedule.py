@@ -11,10 +11,14 @@ Run: python tutorials/01_one_schedule.py
 """
 
 import inspect
+import tempfile
+from pathlib import Path
 
 import tsl
 from my_schedule import my_schedule
 from tsl import ops
+from tsl.bench.rows import compulsory_bytes
+from tsl.tam import roofline
 
 # 1. The machine: plain data from a TOML file. target="cpu" means the built-in file that fits
 #    this host best (x86-avx2, x86-avx512, aarch64-neon-dotprod, ...), with the host's core
@@ -25,6 +29,17 @@ prim = cpu.primitive("float32")
 print(f"machine {cpu.name}: {cpu.cores()} cores, primitive {prim.name}, "
       f"accumulator level {acc.name} of {acc.capacity} B")
 print("\n".join(cpu.notes))
+
+#    Its roofline, from the same file: a compute ceiling per operand dtype (the [peaks] table)
+#    and a bandwidth ceiling per memory level that states one. `python -m tsl.tam show
+#    x86-avx512 --plot roof.png` draws the same picture; step 7 puts this tutorial's kernels on it.
+for c in roofline.compute_ceilings(cpu):
+    print(f"  compute ceiling {c.label}: {c.value / 1e9:.0f} GOP/s")
+for c in roofline.bandwidth_ceilings(cpu):
+    print(f"  bandwidth ceiling {c.label}: {c.value / 1e9:.1f} GB/s")
+roof = Path(tempfile.gettempdir()) / "roofline-x86-avx512.png"
+roofline.plot(cpu, roof)
+print(f"roofline of {cpu.name}: {roof}")
 
 # 2. The schedule, written against roles and knobs.
 print(inspect.getsource(my_schedule))
@@ -44,7 +59,8 @@ art = tsl.build(op, "cpu", schedule=my_schedule, knobs=knobs)
 a, b = op.random_inputs(seed=0)
 c = art.run(a, b)
 ok, err = op.check(c, op.reference(a, b))
-print(f"my schedule: verified={ok} (relative error {err:.1e}), {art.time(a, b) * 1e3:.2f} ms")
+mine_s = art.time(a, b)
+print(f"my schedule: verified={ok} (relative error {err:.1e}), {mine_s * 1e3:.2f} ms")
 assert ok
 
 # 5. A tile too large for the accumulator level is refused before anything is lowered.
@@ -58,6 +74,17 @@ else:
 # 6. The operator's default schedule (tsl.schedules) for comparison: the same roles, with knob
 #    defaults derived from the machine's capacities.
 default = tsl.build(op, "cpu")
-print(f"default schedule: verified={default.verify()[0]}, {default.time(a, b) * 1e3:.2f} ms, "
+default_s = default.time(a, b)
+print(f"default schedule: verified={default.verify()[0]}, {default_s * 1e3:.2f} ms, "
       f"knobs {default.schedule.knob_values}")
 print(default.estimate())
+
+# 7. Both kernels on the roofline: x = operations per byte of compulsory DRAM traffic (each
+#    input read once, the output written once), y = the measured rate. A point far below the
+#    ceiling above it is the schedule's to win back. (`python -m tsl.bench --report DIR` draws
+#    every bench row this way, per machine.)
+x = 2 * op.macs / compulsory_bytes(op)
+roofline.plot(cpu, roof, [roofline.Point(x, 2 * op.macs / t, name, "measured")
+                          for name, t in (("mine", mine_s), ("default", default_s))])
+print(f"{op} at {x:.0f} OP/B: mine {2 * op.macs / mine_s / 1e9:.0f} GOP/s, default "
+      f"{2 * op.macs / default_s / 1e9:.0f} GOP/s; roofline with both: {roof}")

@@ -1,5 +1,6 @@
-"""`python -m tsl.bench [--targets T,..] [--ops OP,..] [--quick] [--trials N] [--json FILE]`
-`python -m tsl.bench --model-check [--targets T,..] [--ops OP,..] [--quick] [--samples N]`
+"""`python -m tsl.bench [--targets T,..] [--ops OP,..] [--quick] [--trials N] [--json FILE]
+[--report DIR]`, `python -m tsl.bench --compare OLD.json NEW.json [--threshold F] [--report DIR]`
+and `python -m tsl.bench --model-check [--targets T,..] [--ops OP,..] [--quick] [--samples N]`
 
 Builds each back end's suite with the default schedules, verifies every artifact against NumPy
 on fresh random data, and prints time (or simulated cycles, or an estimate where there is no
@@ -23,6 +24,7 @@ from ..tam import load
 from ..build import record
 from ..errors import BackendUnavailable, TSLError
 from . import model_check, search
+from .rows import roofline_fields
 
 COLUMNS = ("op", "shape", "dtype", "target", "verified", "time", "rate", "peak%", "baseline",
            "speedup", "notes")
@@ -53,6 +55,7 @@ def run_target(target: str, ops_filter, quick: bool, progress,
             n_trials = backend.bench_trials if trials is None else trials
             if n_trials:
                 art = search.improve(backend, machine, op, art, row, n_trials)
+            row.update(roofline_fields(art, row))
             try:
                 ok, err = art.verify(seed=n)
                 row["verified"], row["error"] = bool(ok), err
@@ -94,8 +97,12 @@ def fmt(row: dict) -> list[str]:
 
 
 def print_table(rows: list[dict]) -> None:
-    cells = [list(COLUMNS)] + [fmt(r) for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    print_cells(list(COLUMNS), [fmt(r) for r in rows])
+
+
+def print_cells(head: list[str], body: list[list[str]]) -> None:
+    cells = [head] + body
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     for n, c in enumerate(cells):
         print("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
         if n == 0:
@@ -121,7 +128,17 @@ def main(argv=None) -> int:
                     "the cost model with measurement over random knob settings")
     ap.add_argument("--samples", type=int, default=30, help="knob settings per operator for "
                     "--model-check (default 30)")
+    ap.add_argument("--report", metavar="DIR", help="also write DIR/index.html, DIR/report.md, "
+                    "the plots and DIR/bench.json; with --compare, the comparison's page")
+    ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two bench JSON "
+                    "files instead of running (exit status 1 on a regression)")
+    ap.add_argument("--threshold", type=float, default=0.05, help="with --compare: the "
+                    "fraction slower, beyond the noise band, that fails (default 0.05)")
     args = ap.parse_args(argv)
+    if args.compare:
+        from . import compare
+
+        return compare.main(*args.compare, args.threshold, args.report)
     tgts = args.targets.split(",") if args.targets else default_targets()
     ops_filter = set(args.ops.split(",")) if args.ops else None
 
@@ -150,6 +167,10 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=float)
+    if args.report:
+        from .report import host_info, write_report
+
+        print(f"report: {write_report({'host': host_info(), 'rows': rows}, args.report)}")
     failed = [r for r in rows if "skipped" not in r and r.get("verified") is False]
     return 1 if failed else 0
 

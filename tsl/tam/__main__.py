@@ -1,4 +1,4 @@
-"""`python -m tsl.tam list | show NAME|PATH | detect | probe [-o FILE]`."""
+"""`python -m tsl.tam list | show NAME|PATH [--plot FILE.png] | detect | probe [-o FILE]`."""
 
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     sub.add_parser("list", help="built-in machines")
     show = sub.add_parser("show", help="print one machine")
     show.add_argument("machine", help="a built-in name or a path to a .toml file")
+    show.add_argument("--plot", metavar="PNG", help="also draw the machine's roofline (compute "
+                      "ceiling per dtype, bandwidth ceiling per memory level) into this file")
     sub.add_parser("detect", help='which machine target="cpu" means here, and why')
     probe = sub.add_parser("probe", help="measure this host and write a CPU machine file")
     probe.add_argument("-o", "--output", help="file to write (default: print it)")
@@ -75,10 +77,16 @@ def main(argv=None) -> int:
             print(text)
         return 0
     try:
-        print(render(load(args.machine)))
+        m = load(args.machine)
+        print(render(m))
     except TAMError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.plot:
+        from .roofline import plot
+
+        plot(m, args.plot)
+        print(f"roofline: {args.plot}")
     return 0
 
 

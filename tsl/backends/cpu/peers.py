@@ -126,6 +126,9 @@ def _numpy_rate(sp: dict, macs: int) -> float:
 
 
 def _torch_rates(sp: dict, macs: int) -> dict:
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)
     try:
         import torch
         import torch.nn.functional as F

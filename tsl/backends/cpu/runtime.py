@@ -90,7 +90,8 @@ class CPUArtifact(Artifact):
         peak = self.machine.peak(self.op.dtype)
         med = {name: float(np.median(r)) for name, r in rates.items()}
         base_name = next(iter(med))
-        out = {"seconds": sec, "rate": rate, "pct_peak": 100 * rate / peak if peak else 0.0,
+        out = {"seconds": sec, "samples": secs, "rate": rate,
+               "pct_peak": 100 * rate / peak if peak else 0.0,
                "baseline": base_name, "baseline_rate": med[base_name],
                "speedup": rate / med[base_name], "blas": peers.blas(),
                "peers": {name: {"rate": r, "ratio": rate / r} for name, r in med.items()}}
