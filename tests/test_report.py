@@ -206,7 +206,9 @@ def test_bench_report_command(tmp_path):
     assert doc["host"]["detected machine"] and doc["host"]["versions"]["numpy"]
     for row in doc["rows"]:
         assert row["kind"] == "model" and row["traffic_from"] == "estimate"
-        assert row["intensity"] == pytest.approx(row["flops"] / row["traffic"]["hbm"])
+        assert row["intensity"] == pytest.approx(row["flops"]
+                                                 / row["traffic"][row["bound_level"]])
+        assert row["traffic"]["hbm"] > 0  # tsl.model's traffic, level by level
         assert row["peers"]["xla-dot estimate"]["kind"] == "model"
     for name in ("index.html", "report.md", "roofline-tpu-v5e.png", "peers-tpu-v5e.png"):
         assert (out / name).exists()
