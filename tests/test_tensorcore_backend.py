@@ -2,6 +2,7 @@
 export, estimate; numerics where there is a GPU."""
 
 import json
+from dataclasses import replace
 from functools import cache
 
 import numpy as np
@@ -186,11 +187,48 @@ def test_export(tmp_path):
 def test_estimate_and_benchmark():
     art = built("matmul-f16")
     est = art.estimate()
-    assert 0 < est.seconds and est.flops == 2 * 512 * 256 * 512
-    assert est.occupancy > 0 and "roofline on tensorcore-sm90" in str(est)
+    assert 0 < est.seconds and est.flops == 2 * 512 * 256 * 512 and est.kind == "model"
+    assert est.occupancy > 0 and "model on tensorcore-sm90" in str(est)
+    assert est.upper_bound_seconds <= est.seconds
     row = art.benchmark()
-    assert row["baseline"] == "cuBLAS model (80% of peak)" and row["speedup"] > 0
+    # Nothing measured cuBLAS here: no baseline, no ratio.
+    assert row["kind"] == "model" and row["baseline"] is None and row["speedup"] is None
+    assert "cuBLAS" not in str(row)
     assert row["ptx_ok"] == (codegen.nvcc() is not None)
+
+
+def test_large_gemm_estimate_is_labelled_an_upper_bound_at_the_wmma_rate():
+    """4096^3 fp16 on sm_90: the kernel issues WMMA, priced at its rate (half the wgmma peak),
+    not at the wgmma peak; the instruction's roofline is printed as an upper bound."""
+    art = tsl.build(tsl.ops.matmul(4096, 4096, 4096, dtype="float16"), "tensorcore-sm90")
+    est = art.estimate()
+    m = est.model
+    assert m.instruction == "wmma" and m.instruction_rate == 0.5
+    assert est.flops / est.upper_bound_seconds <= 0.5 * est.peak
+    assert est.seconds > est.upper_bound_seconds
+    assert "upper bound" in str(est) and "upper bound" in art.benchmark()["checks"]
+
+
+def test_model_terms_follow_instruction_occupancy_and_bandwidth():
+    from tsl.backends.cuda_tensorcore import model
+
+    sm90 = tsl.load_machine("tensorcore-sm90")
+    tile = model.Tile(block_m=128, block_n=128, block_k=32, k_steps=128, warps=4, warp_m=64,
+                      warp_n=64, stages=2, blocks=1024, in_bytes=2, acc_bytes=4,
+                      instruction="wmma")
+    flops = 2.0 * 4096 ** 3
+
+    def seconds(per_sm=1, **change):
+        t = replace(tile, **change)
+        return model.model(sm90, t, flops, flops, per_sm, 1e8, "float16").seconds
+
+    assert seconds(instruction="wgmma") < seconds()              # the instruction's rate
+    assert seconds(warps=1, warp_m=128, warp_n=128) > seconds()   # one warp: 1 of 4 schedulers
+    assert seconds(per_sm=2) < seconds()                         # stalls hidden by a 2nd block
+    assert seconds(block_m=64, warp_m=32, blocks=2048) > seconds()  # more L2 traffic per MAC
+    with pytest.raises(tsl.TAMError, match="instruction_rate"):
+        model.model(tsl.load_machine("tensorcore-sm80"), replace(tile, instruction="wgmma"),
+                    flops, flops, 1, 1e8, "float16")
 
 
 def test_bench_suite():
