@@ -1,7 +1,9 @@
 """The Tensor Core back end: TAM files, CUDA generation, PTX checks for sm_80 and sm_90 (nvcc),
 export, estimate; numerics where there is a GPU."""
 
+import copy
 import json
+import re
 from dataclasses import replace
 from functools import cache
 
@@ -264,6 +266,62 @@ def test_conv2d_emulated_with_several_warps():
     assert art.kernel.block == (32, 2, 1)
     ok, err = wmma_emulator.verify(art)
     assert ok, err
+
+
+# A pipelined kernel whose k loop runs 7 times through 2 stages: cp.async.wait_group 1 in the
+# loop, wait_group 0 after it, each followed by the barrier that publishes the warps' copies.
+PIPELINED = {"m_inner": 2, "n_inner": 2, "m_outer": 2, "n_outer": 2, "k_inner": 2}
+
+
+@cache
+def pipelined():
+    return tsl.build(tsl.ops.matmul(64, 64, 256, dtype="float16"), "tensorcore-sm90",
+                     knobs=PIPELINED)
+
+
+def _emulated_ok(art, source=None) -> bool:
+    """False when the emulated kernel's result is wrong or the emulator reports an error."""
+    try:
+        return wmma_emulator.verify(art, seed=5, source=source)[0]
+    except AssertionError:  # the emulator's error report (race, copies never waited for, ..)
+        return False
+
+
+@needs_gxx
+def test_emulator_sees_a_missing_cp_async_wait():
+    art = pipelined()
+    assert _emulated_ok(art)
+    src = art.source()
+    assert len(wmma_emulator.WAIT.findall(src)) >= 2
+    assert not _emulated_ok(art, wmma_emulator.WAIT.sub("", src))
+
+
+@needs_gxx
+@pytest.mark.parametrize("which", ["every", "in the loop", "after the loop"])
+def test_emulator_sees_a_missing_barrier_after_the_wait(which):
+    """Without the barrier after cp.async.wait_group, a warp reads tiles other warps copied
+    before their copies are visible to it."""
+    src = pipelined().source()
+    barrier = re.compile(r"(tvm_builtin_ptx_cp_async_wait_group\w*\(\);)\s*__syncthreads\(\);")
+    sites = list(barrier.finditer(src))
+    assert len(sites) == 2
+    keep = {"every": [], "in the loop": [1], "after the loop": [0]}[which]
+    mutated, last = [], 0
+    for n, m in enumerate(sites):
+        mutated += [src[last:m.start()], m[0] if n in keep else m[1]]
+        last = m.end()
+    mutated = "".join(mutated + [src[last:]])
+    assert not _emulated_ok(pipelined(), mutated)
+
+
+@needs_gxx
+def test_emulator_bounds_shared_memory_by_the_launch():
+    """Launched with less dynamic shared memory than the kernel uses, the copies land outside
+    it: an error, not a silent success."""
+    art = copy.copy(pipelined())
+    art.kernel = replace(art.kernel, dynamic_shared_bytes=art.kernel.dynamic_shared_bytes - 1024)
+    with pytest.raises(AssertionError, match="outside shared memory"):
+        wmma_emulator.verify(art)
 
 
 @needs_gpu
