@@ -185,6 +185,10 @@ inline void load_matrix_sync(fragment<U, M, N, K, T, L>& f, const P* p, unsigned
     for (int j = 0; j < F::cols; ++j)
       f.x[i * F::cols + j] = std::is_same_v<L, col_major> ? p[j * ldm + i] : p[i * ldm + j];
 }
+// The back end's loads from shared memory (codegen.shared_loads): the same load.
+template <class F, class P> inline void tsl_load_shared(F& f, const P* p, unsigned ldm) {
+  load_matrix_sync(f, p, ldm);
+}
 template <int M, int N, int K, class T, class P>
 inline void store_matrix_sync(P* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm,
                               layout_t layout) {
@@ -215,6 +219,7 @@ inline void mma_sync(fragment<accumulator, M, N, K, T>& d,
   memcpy(d.x, out, sizeof out);
 }
 }}  // namespace nvcuda::wmma
+using nvcuda::wmma::tsl_load_shared;
 
 // cp.async: queued per thread, landing when a wait_group retires its group.
 struct EmuCopy { unsigned char* dst; const unsigned char* src; int bytes; bool pred; };

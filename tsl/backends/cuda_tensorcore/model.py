@@ -145,7 +145,9 @@ class Model:
 
     @property
     def wave_efficiency(self) -> float:
-        return self.waves / math.ceil(self.waves)
+        """The busy share of the SMs over the kernel, a block using at most one SM."""
+        per_sm = self.waves * self.blocks_per_sm  # blocks per SM if one ran at a time
+        return per_sm / math.ceil(per_sm - 1e-9)
 
     @property
     def upper_bound_seconds(self) -> float:

@@ -23,7 +23,10 @@ from . import codegen, model
 
 INSTRUCTIONS = {"wmma.mma": r"wmma\.mma\.sync", "mma.sync": r"\bmma\.sync\.aligned",
                 "wmma.load": r"wmma\.load", "ldmatrix": r"ldmatrix",
-                "cp.async": r"cp\.async\.c[ag]"}
+                "cp.async": r"cp\.async\.c[ag]",
+                # a fragment load through a generic address: LD + MOVM in SASS, not LDSM
+                "wmma.load generic": r"wmma\.load\.[ab]\.sync\.aligned\.\w+\.m\d+n\d+k\d+"
+                                     r"\.(?!shared)"}
 
 
 def gpu_missing() -> str | None:
@@ -180,14 +183,22 @@ class TensorCoreArtifact(Artifact):
                 and bool(self.machine.params.get("cp_async")))
 
     def check(self, arch: str | None = None) -> tuple[bool, str]:
-        """(ok, summary): the PTX has the mma instructions (and cp.async when pipelined) and
-        ptxas' resources fit the machine."""
+        """(ok, summary): the PTX has the mma instructions (and cp.async when pipelined), every
+        fragment load reads shared memory as such, ptxas spills nothing and its resources fit
+        the machine."""
         ins, res = self.instructions(arch), self.resources(arch)
         mma = ins["wmma.mma"] + ins["mma.sync"]
-        ok = mma > 0 and (ins["cp.async"] > 0 or not self.pipelined) and res["fits"]
-        return ok, (f"wmma.mma x{ins['wmma.mma']}, wmma.load x{ins['wmma.load']}, cp.async "
-                    f"x{ins['cp.async']}; {res['registers']} regs, {res['shared_bytes']} B "
-                    f"shared, {res['spill_bytes']} B spills ({arch or self.arch})")
+        problems = ([] if mma else ["no Tensor Core instruction"]) + (
+            ["no cp.async in a pipelined kernel"] if self.pipelined and not ins["cp.async"]
+            else []) + (
+            [f"{ins['wmma.load generic']} fragment loads through generic addresses"]
+            if ins["wmma.load generic"] else []) + (
+            [f"{res['spill_bytes']} B of register spills"] if res["spill_bytes"] else []) + (
+            [] if res["fits"] else ["resources exceed the machine"])
+        summary = (f"wmma.mma x{ins['wmma.mma']}, wmma.load x{ins['wmma.load']}, cp.async "
+                   f"x{ins['cp.async']}; {res['registers']} regs, {res['shared_bytes']} B "
+                   f"shared, {res['spill_bytes']} B spills ({arch or self.arch})")
+        return not problems, summary + "".join(f"; FAIL: {p}" for p in problems)
 
     def export(self, path) -> Path:
         """Write kernel.cu, the PTX and cubin for the machine's arch, and kernel.json with
