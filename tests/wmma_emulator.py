@@ -4,16 +4,26 @@ The kernel's C++ (the part of `art.source()` after TVM's CUDA prelude) is compil
 against a small header that gives the CUDA names their meaning on the host:
 
 - each CUDA thread of a block is a std::thread, `__syncthreads()` a std::barrier; blocks run
-  one after the other, so `__shared__` variables are plain statics;
+  one after the other;
+- shared memory is the launch's: the dynamic part is exactly `dynamic_shared_bytes` (what the
+  host passes at launch), followed by the kernel's static `__shared__` arrays, each region
+  followed by a guard that must stay untouched (a write past the dynamic size is an error);
+- shared memory is weakly consistent, as on a GPU: every warp works on its own copy, and the
+  writes of other warps become visible only at a barrier. There the copies are merged (two
+  warps writing different values to one byte between two barriers is a race: an error) and
+  every warp gets the merged state;
+- cp.async copies are deferred: a thread's copies land (in its warp's copy of shared memory)
+  only when a `cp.async.wait_group n` leaves at most n newer committed groups pending; copies
+  still pending when the thread ends are an error. So a missing wait, or a missing barrier
+  after it, gives wrong results or an error, as it may on a GPU;
 - `nvcuda::wmma`: a fragment is a whole 16x16 matrix, and the warp's collective load / mma /
   store / fill is done by its lane 0 (the warps are threadIdx.y); loads and stores check what
-  the CUDA documentation requires: a 256-bit aligned pointer and an ldm that is a multiple of
-  16 bytes;
-- cp.async: a synchronous copy (zero-fill when the predicate is false); commit / wait: no-ops.
+  the CUDA documentation requires (a 256-bit aligned pointer, an ldm that is a multiple of 16
+  bytes) and that the pointer is in shared memory, as this back end's kernels need.
 
-What it cannot catch: timing (a missing wait that a GPU would expose) and warp-level details
-beyond the documented alignment rules. It is a test helper, slow (a thread per CUDA thread),
-meant for small shapes.
+What it cannot catch: timing beyond the orders above (a copy lands at its wait, never earlier),
+races between lanes of one warp, bank conflicts. It is a test helper, slow (a thread per CUDA
+thread), meant for small shapes.
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ from pathlib import Path
 import numpy as np
 
 HEADER = r"""
+#include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -72,14 +84,70 @@ inline unsigned __pack_nv_bfloat162(nv_bfloat16 x, nv_bfloat16 y) { return emu_p
 
 struct dim3 { unsigned x = 0, y = 0, z = 0; };
 thread_local dim3 threadIdx, blockIdx;
-static std::barrier<>* g_barrier;
-static int g_errors;
+static std::atomic<int> g_errors;
 static char g_first_error[512];
-inline void __syncthreads() { g_barrier->arrive_and_wait(); }
 static void emu_error(const char* what, long a, long b) {
   if (!g_errors++) snprintf(g_first_error, sizeof g_first_error, "%s (%ld, %ld)", what, a, b);
 }
-alignas(1024) unsigned char buf_dyn_shmem_ptr[256 * 1024];
+
+// Shared memory of the running block: the merged state and one copy per warp, each laid out as
+// [dynamic | guard | static | guard].
+constexpr long EMU_GUARD = 4096;
+constexpr unsigned char EMU_CANARY = 0xA5;
+struct EmuShared {
+  long dyn = 0, stat = 0, size = 0;
+  std::vector<unsigned char*> views;
+  unsigned char* merged = nullptr;
+  std::vector<int> writer;
+  long static_base() const { return (dyn + EMU_GUARD + 127) / 128 * 128; }
+  bool in_shared(const void* p, long bytes, const unsigned char* view) const {
+    long off = (const unsigned char*)p - view;
+    return (off >= 0 && off + bytes <= dyn)
+        || (off >= static_base() && off + bytes <= static_base() + stat);
+  }
+  void check_guards(unsigned char* v) {
+    for (long i = dyn; i < static_base(); ++i)
+      if (v[i] != EMU_CANARY) { emu_error("shared memory written past the launch's dynamic "
+                                          "size (offset, dynamic bytes)", i, dyn); return; }
+    for (long i = static_base() + stat; i < size; ++i)
+      if (v[i] != EMU_CANARY) { emu_error("shared memory written past the static arrays "
+                                          "(offset, static bytes)", i, stat); return; }
+  }
+  // At a barrier: what each warp changed since the last one becomes everyone's.
+  void merge() noexcept {
+    std::fill(writer.begin(), writer.end(), -1);
+    std::vector<unsigned char> next(merged, merged + size);
+    for (size_t w = 0; w < views.size(); ++w) {
+      unsigned char* v = views[w];
+      check_guards(v);
+      for (long i = 0; i < size; i += 64) {
+        long n = std::min(64L, size - i);
+        if (!memcmp(v + i, merged + i, n)) continue;
+        for (long j = i; j < i + n; ++j) {
+          if (v[j] == merged[j]) continue;
+          if (writer[j] >= 0 && next[j] != v[j])
+            emu_error("race: two warps wrote one shared byte between barriers (offset, warp)",
+                      j, (long)w);
+          writer[j] = (int)w;
+          next[j] = v[j];
+        }
+      }
+    }
+    memcpy(merged, next.data(), size);
+    for (auto* v : views) memcpy(v, merged, size);
+  }
+};
+static EmuShared g_shared;
+thread_local unsigned char* t_view;  // this thread's warp's copy
+struct EmuMerge { void operator()() noexcept { g_shared.merge(); } };
+static std::barrier<EmuMerge>* g_barrier;
+inline void __syncthreads() { g_barrier->arrive_and_wait(); }
+inline unsigned char* emu_dyn_base() { return t_view; }
+inline unsigned char* emu_static_base() { return t_view + g_shared.static_base(); }
+inline void emu_check_shared(const void* p, long bytes, const char* what) {
+  if (!g_shared.in_shared(p, bytes, t_view))
+    emu_error(what, (long)((const unsigned char*)p - t_view), bytes);
+}
 
 #define VEC4(NAME, T) struct alignas(4 * sizeof(T)) NAME { T x, y, z, w; }; \
   inline NAME make_##NAME(T x, T y, T z, T w) { return NAME{x, y, z, w}; }
@@ -105,6 +173,7 @@ template <class Use, int M, int N, int K, class T, class L = void> struct fragme
 inline bool idle_lane() { return threadIdx.x % 32 != 0; }
 template <class P> inline void check_ptr(const P* p, unsigned ldm, const char* what) {
   if ((uintptr_t)p % 32) emu_error(what, (long)((uintptr_t)p % 32), 32);
+  emu_check_shared(p, 16 * sizeof(P), "wmma pointer outside shared memory (offset, bytes)");
   if ((ldm * sizeof(P)) % 16) emu_error("ldm is not a multiple of 16 bytes", ldm, sizeof(P));
 }
 template <class U, int M, int N, int K, class T, class L, class P>
@@ -115,6 +184,10 @@ inline void load_matrix_sync(fragment<U, M, N, K, T, L>& f, const P* p, unsigned
   for (int i = 0; i < F::rows; ++i)
     for (int j = 0; j < F::cols; ++j)
       f.x[i * F::cols + j] = std::is_same_v<L, col_major> ? p[j * ldm + i] : p[i * ldm + j];
+}
+// The back end's loads from shared memory (codegen.shared_loads): the same load.
+template <class F, class P> inline void tsl_load_shared(F& f, const P* p, unsigned ldm) {
+  load_matrix_sync(f, p, ldm);
 }
 template <int M, int N, int K, class T, class P>
 inline void store_matrix_sync(P* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm,
@@ -146,21 +219,46 @@ inline void mma_sync(fragment<accumulator, M, N, K, T>& d,
   memcpy(d.x, out, sizeof out);
 }
 }}  // namespace nvcuda::wmma
+using nvcuda::wmma::tsl_load_shared;
 
+// cp.async: queued per thread, landing when a wait_group retires its group.
+struct EmuCopy { unsigned char* dst; const unsigned char* src; int bytes; bool pred; };
+thread_local std::vector<EmuCopy> t_open;                 // issued, not committed
+thread_local std::vector<std::vector<EmuCopy>> t_groups;  // committed, oldest first
 inline void emu_cp_async(void* dst, int dst_off, int dst_elem, void* src, int src_off,
                          int src_elem, int bytes, int pred) {
   unsigned char* d = (unsigned char*)dst + (long)dst_off * dst_elem;
   unsigned char* s = (unsigned char*)src + (long)src_off * src_elem;
   if ((uintptr_t)d % bytes || (uintptr_t)s % bytes)
     emu_error("cp.async misaligned", (long)dst_off, bytes);
-  if (pred) memcpy(d, s, bytes); else memset(d, 0, bytes);
+  emu_check_shared(d, bytes, "cp.async destination outside shared memory (offset, bytes)");
+  t_open.push_back({d, s, bytes, pred != 0});
+}
+inline void emu_commit_group() { t_groups.push_back(std::move(t_open)); t_open.clear(); }
+inline void emu_wait_group(size_t n) {
+  while (t_groups.size() > n) {
+    for (const auto& c : t_groups.front())
+      if (c.pred) memcpy(c.dst, c.src, c.bytes); else memset(c.dst, 0, c.bytes);
+    t_groups.erase(t_groups.begin());
+  }
+}
+inline void emu_thread_end() {
+  size_t n = t_open.size();
+  for (const auto& g : t_groups) n += g.size();
+  if (n) emu_error("cp.async copies never waited for (copies, thread)", (long)n,
+                   (long)(threadIdx.y * 32 + threadIdx.x));
 }
 """
 
 _HELPER = re.compile(r"__device__ void (ptx_cp_async_legacy_(pred_)?c[ag]_(\d+)_(\d+)_(\d+))\(")
-_NOOP = re.compile(r"__device__ void (tvm_builtin_ptx_cp_async_\w+)\(\)")
+_ASYNC = re.compile(r"__device__ void (tvm_builtin_ptx_cp_async_\w+)\(\) \{\s*"
+                    r"asm volatile\(\"cp\.async\.(commit_group|wait_group (\d+));")
+_STATIC = re.compile(r"__shared__ alignas\((\d+)\) ([\w ]+?) (\w+)\[(\d+)\];")
 _CTYPE = {"float16": "half", "bfloat16": "nv_bfloat16", "int8": "signed char",
           "uint8": "unsigned char", "float32": "float", "int32": "int"}
+_CSIZE = {"half": 2, "nv_bfloat16": 2, "signed char": 1, "unsigned char": 1, "uchar": 1,
+          "char": 1, "float": 4, "int": 4}
+WAIT = re.compile(r"tvm_builtin_ptx_cp_async_wait_group\w*\(\);")
 
 
 def _program(source: str, name: str, params) -> str:
@@ -172,18 +270,46 @@ def _program(source: str, name: str, params) -> str:
         lines.append(f"inline void {fn}(void* d, int do_, void* s, int so{extra}) "
                      f"{{ emu_cp_async(d, do_, {de}, s, so, {se}, {nbytes}, "
                      f"{'predicate' if pred else '1'}); }}")
-    for fn in _NOOP.findall(prelude):
-        lines.append(f"inline void {fn}() {{}}")
-    kernel = kernel.replace("extern __shared__", "extern")
-    kernel = re.sub(r"__shared__ (alignas\(\d+\)) ", r"\1 static ", kernel)
+    for fn, what, n in _ASYNC.findall(prelude):
+        call = "emu_commit_group()" if what == "commit_group" else f"emu_wait_group({n})"
+        lines.append(f"inline void {fn}() {{ {call}; }}")
+    kernel = re.sub(r"extern __shared__ __align__\(\d+\) uchar (\w+)\[\];",
+                    r"uchar* \1 = emu_dyn_base();", kernel)
+    offset = 0
+
+    def static(m):  # a static __shared__ array -> its place in the warp's copy
+        nonlocal offset
+        align, ctype, var, count = int(m[1]), m[2], m[3], int(m[4])
+        offset = -(-offset // align) * align
+        decl = f"{ctype}* {var} = ({ctype}*)(emu_static_base() + {offset});"
+        offset += _CSIZE[ctype] * count
+        return decl
+
+    kernel = _STATIC.sub(static, kernel)
+    if "__shared__" in kernel:
+        raise ValueError("the emulator does not know this shared declaration: "
+                         + kernel[kernel.index("__shared__"):][:120])
     lines.append(kernel)
     call = ", ".join(f"({_CTYPE[dt]}*)args[{i}]" for i, (_, dt) in enumerate(params))
     lines.append(f"""
 extern "C" int emu_launch(void** args, int gx, int gy, int gz, int bx, int by, int bz,
-                          char* err) {{
-  int threads = bx * by * bz;
+                          long dynamic_bytes, char* err) {{
+  int threads = bx * by * bz, warps = threads / 32;
   g_errors = 0;
-  std::barrier<> bar(threads);
+  g_first_error[0] = 0;
+  EmuShared& sh = g_shared;
+  sh.dyn = dynamic_bytes;
+  sh.stat = {offset};
+  sh.size = sh.static_base() + sh.stat + EMU_GUARD;
+  std::vector<std::vector<unsigned char>> store(warps + 1);
+  for (auto& v : store) v.assign(sh.size + 1024, EMU_CANARY);
+  auto aligned = [](std::vector<unsigned char>& v) {{
+    return (unsigned char*)(((uintptr_t)v.data() + 1023) / 1024 * 1024); }};
+  sh.merged = aligned(store[warps]);
+  sh.views.clear();
+  for (int w = 0; w < warps; ++w) sh.views.push_back(aligned(store[w]));
+  sh.writer.assign(sh.size, -1);
+  std::barrier<EmuMerge> bar(threads);
   g_barrier = &bar;
   for (int z = 0; z < gz; ++z) for (int y = 0; y < gy; ++y) for (int x = 0; x < gx; ++x) {{
     std::vector<std::thread> pool;
@@ -191,9 +317,12 @@ extern "C" int emu_launch(void** args, int gx, int gy, int gz, int bx, int by, i
       pool.emplace_back([=] {{
         blockIdx = dim3{{(unsigned)x, (unsigned)y, (unsigned)z}};
         threadIdx = dim3{{(unsigned)(t % bx), (unsigned)(t / bx % by), (unsigned)(t / bx / by)}};
+        t_view = sh.views[t / 32];
         {name}({call});
+        emu_thread_end();
       }});
     for (auto& th : pool) th.join();
+    for (auto* v : sh.views) sh.check_guards(v);
   }}
   strcpy(err, g_first_error);
   return g_errors;
@@ -209,9 +338,9 @@ def available() -> bool:
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
-def compile_kernel(art) -> ctypes.CDLL:
+def compile_kernel(art, source: str | None = None) -> ctypes.CDLL:
     k = art.kernel
-    text = _program(k.source, k.name, k.params)
+    text = _program(source or k.source, k.name, k.params)
     key = hashlib.sha1(text.encode()).hexdigest()
     if key not in _LIBS:
         with tempfile.TemporaryDirectory(prefix="wmma_emu_") as tmp:
@@ -225,11 +354,12 @@ def compile_kernel(art) -> ctypes.CDLL:
     return _LIBS[key]
 
 
-def execute(art, packed: list[np.ndarray]) -> np.ndarray:
-    """The kernel on `packed` (the artifact's prepared inputs): its output array."""
+def execute(art, packed: list[np.ndarray], source: str | None = None) -> np.ndarray:
+    """The kernel (or `source`, a variant of its CUDA) on `packed` (the artifact's prepared
+    inputs): its output array."""
     from tsl.ops.operator import np_dtype
 
-    lib = compile_kernel(art)
+    lib = compile_kernel(art, source)
     out_t = art.ctx.op.output
     out = np.full(out_t.shape, 0x7F, dtype=np_dtype(out_t.dtype))  # poison
     if out.dtype.kind == "f":
@@ -239,14 +369,17 @@ def execute(art, packed: list[np.ndarray]) -> np.ndarray:
     err = ctypes.create_string_buffer(512)
     k = art.kernel
     assert k.block[0] == 32, "the emulator wants warps along threadIdx.y"
-    n = lib.emu_launch(ptrs, *k.grid, *k.block, err)
+    lib.emu_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 6 + [ctypes.c_long,
+                                                                         ctypes.c_char_p]
+    n = lib.emu_launch(ptrs, *k.grid, *k.block, k.dynamic_shared_bytes, err)
     if n:
         raise AssertionError(f"{n} error(s) in the emulated kernel; first: {err.value.decode()}")
     return out
 
 
-def verify(art, seed: int = 1) -> tuple[bool, float]:
-    """Like `art.verify`, with the kernel run by the emulator."""
+def verify(art, seed: int = 1, source: str | None = None) -> tuple[bool, float]:
+    """Like `art.verify`, with the kernel (or `source`, a variant of its CUDA) run by the
+    emulator."""
     xs = art.op.random_inputs(seed)
-    got = art.op.crop_output(execute(art, art.prepare(xs)))
+    got = art.op.crop_output(execute(art, art.prepare(xs), source))
     return art.op.check(got, art.op.reference(*xs))

@@ -11,8 +11,9 @@ serial / skipped); on a Tensor Core TAM they become warps and WMMA fragments:
     tensorize                -> wmma.mma.sync m16n16k16
 
 What there is to see without a GPU: the CUDA program TVM generated, the PTX nvcc makes of it
-(Tensor Core and cp.async instructions, registers and shared memory from ptxas) and the TAM's
-roofline estimate. On a GPU machine `art.run(a, b)` runs it through CuPy.
+(Tensor Core and cp.async instructions, registers and shared memory from ptxas) and a model of
+its time from the TAM (the emitted instruction's rate, occupancy, L2 and shared-memory traffic per
+tile, barriers, pipeline fill), with its upper bound. On a GPU machine `art.run(a, b)` runs it through CuPy.
 
 Run: python tutorials/04_tensorcore.py
 """
@@ -58,7 +59,7 @@ try:
 except tsl.BackendUnavailable as e:                    # no nvcc here: source only
     print(e)
 
-print("\nestimate:")
+print("\nestimate (a model, not a measurement):")
 print(art.estimate())
 
 # A schedule that asks for more shared memory than a block may have is refused before any

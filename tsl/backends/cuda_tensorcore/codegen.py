@@ -62,7 +62,7 @@ def generate(mod, machine) -> Kernel:
             dev = finalize_device()(next(iter(devices.values())))
             kernel = _kernel(dev, "")
             check_fits(kernel, machine)
-            source = codegen_build(dev, tgt).inspect_source()
+            source = shared_loads(codegen_build(dev, tgt).inspect_source())
     except (ScheduleError, LoweringError):
         raise
     except Exception as e:  # noqa: BLE001 - TVM's error classes vary by pass
@@ -71,6 +71,39 @@ def generate(mod, machine) -> Kernel:
         raise LoweringError(f"CUDA code generation for {machine.name} failed: "
                             f"{_first_line(e)}") from e
     return replace(kernel, source=source)
+
+
+# nvcc compiles nvcuda::wmma::load_matrix_sync of bf16 fragments to a generic-address
+# wmma.load (LD + MOVM in SASS, not LDSM) even when the pointer is into shared memory. Every
+# fragment load of this back end reads shared memory, so it goes through tsl_load_shared,
+# which names the state space for bf16 (fp16 / int8 loads already get it from nvcc).
+_BF16_LOAD = r"""
+#define TSL_BF16_LOAD(USE, LAYOUT, OP, LAY)                                                     \
+__device__ __forceinline__ void tsl_load_shared(                                                \
+    nvcuda::wmma::fragment<nvcuda::wmma::USE, 16, 16, 16, nv_bfloat16, nvcuda::wmma::LAYOUT>& f, \
+    const nv_bfloat16* p, unsigned ldm) {                                                      \
+  unsigned* r = reinterpret_cast<unsigned*>(f.x);                                               \
+  asm volatile("wmma.load." OP ".sync.aligned." LAY ".m16n16k16.shared.bf16 "                 \
+               "{%0, %1, %2, %3}, [%4], %5;"                                                   \
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                                 \
+               : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(ldm));                         \
+}
+TSL_BF16_LOAD(matrix_a, row_major, "a", "row")
+TSL_BF16_LOAD(matrix_a, col_major, "a", "col")
+TSL_BF16_LOAD(matrix_b, row_major, "b", "row")
+TSL_BF16_LOAD(matrix_b, col_major, "b", "col")
+template <class F, class T>
+__device__ __forceinline__ void tsl_load_shared(F& f, const T* p, unsigned ldm) {
+  nvcuda::wmma::load_matrix_sync(f, p, ldm);
+}
+"""
+
+
+def shared_loads(source: str) -> str:
+    """`source` with its fragment loads through tsl_load_shared (see _BF16_LOAD)."""
+    start = source.index('extern "C" __global__')
+    return (source[:start] + _BF16_LOAD + source[start:].replace(
+        "nvcuda::wmma::load_matrix_sync(", "tsl_load_shared("))
 
 
 def _kernel(dev, source: str) -> "Kernel":

@@ -20,12 +20,14 @@ from ...artifact import Artifact
 from ...errors import BackendUnavailable, LoweringError
 from ...model import Estimate
 from ...ops.operator import np_dtype
-from . import codegen
+from . import codegen, model
 
-CUBLAS_FRACTION = 0.8  # large, aligned cuBLAS GEMMs reach ~80% of dense peak on H100
 INSTRUCTIONS = {"wmma.mma": r"wmma\.mma\.sync", "mma.sync": r"\bmma\.sync\.aligned",
                 "wmma.load": r"wmma\.load", "ldmatrix": r"ldmatrix",
-                "cp.async": r"cp\.async\.c[ag]"}
+                "cp.async": r"cp\.async\.c[ag]",
+                # a fragment load through a generic address: LD + MOVM in SASS, not LDSM
+                "wmma.load generic": r"wmma\.load\.[ab]\.sync\.aligned\.\w+\.m\d+n\d+k\d+"
+                                     r"\.(?!shared)"}
 
 
 def gpu_missing() -> str | None:
@@ -72,8 +74,10 @@ class CupyKernel:
 
 @dataclass
 class Roofline:
-    """A roofline from the TAM with the kernel's on-chip footprint and occupancy: the detail
-    of this back end's `Estimate`."""
+    """The kernel's modelled time (`model.Model`, kind "model") with its on-chip footprint and
+    occupancy: the detail of this back end's `Estimate`. `seconds` is the model;
+    `upper_bound_seconds` the emitted instruction's roofline (a rate from it is an upper
+    bound)."""
 
     machine: str
     flops: float
@@ -89,18 +93,20 @@ class Roofline:
     blocks_per_sm: int
     sms: int
     max_warps: int
+    model: model.Model
+    kind: str = "model"
 
     @property
     def waves(self) -> float:
-        return self.blocks / (self.sms * max(self.blocks_per_sm, 1))
+        return self.model.waves
 
     @property
     def wave_efficiency(self) -> float:
-        return self.waves / math.ceil(self.waves)
+        return self.model.wave_efficiency
 
     @property
     def compute_seconds(self) -> float:
-        return self.padded_flops / (self.peak * self.wave_efficiency)
+        return self.model.cycles / self.model.clock_hz
 
     @property
     def memory_seconds(self) -> float:
@@ -108,23 +114,21 @@ class Roofline:
 
     @property
     def seconds(self) -> float:
-        return max(self.compute_seconds, self.memory_seconds)
+        return self.model.seconds
+
+    @property
+    def upper_bound_seconds(self) -> float:
+        return self.model.upper_bound_seconds
 
     @property
     def occupancy(self) -> float:
         return self.blocks_per_sm * self.threads / 32 / self.max_warps
 
     def __str__(self) -> str:
-        bound = "compute" if self.compute_seconds >= self.memory_seconds else "memory"
         return "\n".join([
-            f"roofline on {self.machine}: {self.seconds * 1e6:.1f} us ({bound}-bound), "
-            f"{self.flops / self.seconds / 1e12:.1f} TFLOP/s = "
-            f"{100 * self.flops / self.seconds / self.peak:.0f}% of {self.peak / 1e12:.0f} peak",
-            f"  compute {self.compute_seconds * 1e6:.1f} us ({self.padded_flops / 1e9:.2f} "
-            f"GFLOP after padding, {self.blocks} blocks = {self.waves:.2f} waves, "
-            f"{100 * self.wave_efficiency:.0f}% of the last wave busy)",
-            f"  memory  {self.memory_seconds * 1e6:.1f} us ({self.hbm_bytes / 1e6:.1f} MB from "
-            f"HBM at {self.bandwidth / 1e12:.2f} TB/s: each wave reads the panels it tiles once)",
+            str(self.model),
+            f"  HBM {self.memory_seconds * 1e6:.1f} us ({self.hbm_bytes / 1e6:.1f} MB at "
+            f"{self.bandwidth / 1e12:.2f} TB/s: each wave reads the panels it tiles once)",
             f"  per block: {self.threads} threads, {self.shared_bytes / 1024:.1f} KiB shared, "
             f"{self.registers} registers/thread ({self.registers_from}); {self.blocks_per_sm} "
             f"block(s)/SM, occupancy {100 * self.occupancy:.0f}%"])
@@ -181,14 +185,22 @@ class TensorCoreArtifact(Artifact):
                 and bool(self.machine.params.get("cp_async")))
 
     def check(self, arch: str | None = None) -> tuple[bool, str]:
-        """(ok, summary): the PTX has the mma instructions (and cp.async when pipelined) and
-        ptxas' resources fit the machine."""
+        """(ok, summary): the PTX has the mma instructions (and cp.async when pipelined), every
+        fragment load reads shared memory as such, ptxas spills nothing and its resources fit
+        the machine."""
         ins, res = self.instructions(arch), self.resources(arch)
         mma = ins["wmma.mma"] + ins["mma.sync"]
-        ok = mma > 0 and (ins["cp.async"] > 0 or not self.pipelined) and res["fits"]
-        return ok, (f"wmma.mma x{ins['wmma.mma']}, wmma.load x{ins['wmma.load']}, cp.async "
-                    f"x{ins['cp.async']}; {res['registers']} regs, {res['shared_bytes']} B "
-                    f"shared, {res['spill_bytes']} B spills ({arch or self.arch})")
+        problems = ([] if mma else ["no Tensor Core instruction"]) + (
+            ["no cp.async in a pipelined kernel"] if self.pipelined and not ins["cp.async"]
+            else []) + (
+            [f"{ins['wmma.load generic']} fragment loads through generic addresses"]
+            if ins["wmma.load generic"] else []) + (
+            [f"{res['spill_bytes']} B of register spills"] if res["spill_bytes"] else []) + (
+            [] if res["fits"] else ["resources exceed the machine"])
+        summary = (f"wmma.mma x{ins['wmma.mma']}, wmma.load x{ins['wmma.load']}, cp.async "
+                   f"x{ins['cp.async']}; {res['registers']} regs, {res['shared_bytes']} B "
+                   f"shared, {res['spill_bytes']} B spills ({arch or self.arch})")
+        return not problems, summary + "".join(f"; FAIL: {p}" for p in problems)
 
     def export(self, path) -> Path:
         """Write kernel.cu, the PTX and cubin for the machine's arch, and kernel.json with
@@ -247,7 +259,6 @@ class TensorCoreArtifact(Artifact):
 
     # -- cost -------------------------------------------------------------------------------
     def estimate(self) -> Estimate:
-        """The roofline (kind "model"), its occupancy and resources as detail."""
         m, k = self.machine, self.kernel
         big = self.ctx.op
         threads = math.prod(k.block)
@@ -260,18 +271,23 @@ class TensorCoreArtifact(Artifact):
         by_regs = int(m.params["registers_per_sm"]) // max(regs * threads, 1)
         by_warps = int(m.params["max_warps_per_sm"]) // max(threads // 32, 1)
         per_sm = max(min(by_smem, by_regs, by_warps), 1)
-        r = Roofline(m.name, 2.0 * self.op.macs, 2.0 * big.macs, m.peak(big.dtype),
-                     float(m.params["hbm_bytes_per_s"]), self._hbm_bytes(per_sm * m.cores()),
-                     math.prod(k.grid), threads, k.dynamic_shared_bytes + k.static_shared_bytes,
-                     regs, src, per_sm, m.cores(), int(m.params["max_warps_per_sm"]))
+        hbm = self._hbm_bytes(per_sm * m.cores())
+        flops, padded = 2.0 * self.op.macs, 2.0 * big.macs
+        mod = model.model(m, model.tile_of(self.schedule, k), flops, padded, per_sm, hbm,
+                          big.dtype)
+        r = Roofline(m.name, flops, padded, m.peak(big.dtype),
+                     float(m.params["hbm_bytes_per_s"]), hbm, math.prod(k.grid), threads,
+                     k.dynamic_shared_bytes + k.static_shared_bytes, regs, src, per_sm,
+                     m.cores(), int(m.params["max_warps_per_sm"]), mod)
         return Estimate(r.seconds, kind="model", machine=m.name, clock_hz=m.clock_hz,
-                        bound="compute" if r.compute_seconds >= r.memory_seconds else "hbm",
-                        macs=self.op.macs, padded_macs=big.macs, peak_macs_per_s=r.peak / 2,
-                        compute_seconds=r.compute_seconds, traffic={"hbm": r.hbm_bytes},
-                        level_seconds={"hbm": r.memory_seconds},
-                        detail={"roofline": r, "flops": r.flops, "occupancy": r.occupancy,
-                                "registers": r.registers, "shared_bytes": r.shared_bytes,
-                                "blocks_per_sm": r.blocks_per_sm, "waves": r.waves})
+                        bound=mod.limiter, macs=self.op.macs, padded_macs=big.macs,
+                        peak_macs_per_s=r.peak / 2, compute_seconds=r.compute_seconds,
+                        traffic={"hbm": r.hbm_bytes}, level_seconds={"hbm": r.memory_seconds},
+                        detail={"roofline": r, "model": mod, "flops": r.flops, "peak": r.peak,
+                                "upper_bound_seconds": r.upper_bound_seconds,
+                                "occupancy": r.occupancy, "registers": r.registers,
+                                "shared_bytes": r.shared_bytes, "blocks_per_sm": r.blocks_per_sm,
+                                "waves": r.waves})
 
     def _hbm_bytes(self, resident: int) -> int:
         """Blocks run in waves of `resident` (SMs x blocks per SM) in launch order; the L2
@@ -296,15 +312,17 @@ class TensorCoreArtifact(Artifact):
         return int(max(once, min(reread, waves * per_wave)) + size["out"] + size.get("bias", 0))
 
     def benchmark(self) -> dict:
-        """Without a GPU: the estimate against a cuBLAS model, and the PTX checks."""
-        est = self.estimate().roofline
-        peak_s = max(est.flops / (CUBLAS_FRACTION * est.peak), est.memory_seconds)
+        """Without a GPU: the model's time (no baseline: nothing was measured to compare
+        with), its upper bound, and the PTX checks."""
+        est = self.estimate()
         try:
             ok, checks = self.check()
         except BackendUnavailable as e:
             ok, checks = False, f"not compiled: {e}"
+        up = est.flops / est.upper_bound_seconds
         return {"seconds": est.seconds, "rate": est.flops / est.seconds,
-                "pct_peak": 100 * est.flops / est.seconds / est.peak,
-                "baseline": f"cuBLAS model ({100 * CUBLAS_FRACTION:.0f}% of peak)",
-                "baseline_seconds": peak_s, "speedup": peak_s / est.seconds, "ptx_ok": ok,
-                "checks": checks, "estimated": True}
+                "pct_peak": 100 * est.flops / est.seconds / est.peak, "kind": "model",
+                "upper_bound_rate": up, "baseline": None, "speedup": None, "ptx_ok": ok,
+                "checks": f"model, limited by {est.model.limiter}; upper bound "
+                          f"{up / 1e12:.0f} TFLOP/s ({est.model.instruction} roofline); {checks}",
+                "estimated": True}
