@@ -41,6 +41,7 @@ class TuneResult:
     resumed: int = 0  # configurations taken from the database, not measured again
     failed: int = 0  # configurations whose build, check or run failed (this run)
     spearman: list = field(default_factory=list)  # (trials before the batch, rho) per batch
+    predicted: list = field(default_factory=list)  # (model's log seconds, measured seconds)
     transferred: bool = False  # the first batches were ranked by a model saved earlier
     wall_seconds: float = 0.0
     trace: list = field(default_factory=list)  # best seconds after each measurement, in order
@@ -50,9 +51,10 @@ class TuneResult:
         return self.default_seconds / self.seconds
 
     @property
-    def mean_spearman(self) -> float | None:
-        rhos = [r for _, r in self.spearman]
-        return float(np.mean(rhos)) if rhos else None
+    def run_spearman(self) -> float | None:
+        """Spearman correlation of every prediction the learned model made before a batch with
+        that batch's measurements, over the whole run (None: the model ranked no batch)."""
+        return spearman([p for p, _ in self.predicted], [t for _, t in self.predicted])
 
     def trials_to(self, seconds: float) -> int | None:
         """How many measurements this run needed to reach `seconds` (None: it never did)."""
@@ -63,12 +65,12 @@ class TuneResult:
                 "default_knobs": self.default_knobs, "default_seconds": self.default_seconds,
                 "speedup": self.speedup, "trials": len(self.log), "resumed": self.resumed,
                 "failed": self.failed, "spearman": self.spearman,
-                "mean_spearman": self.mean_spearman, "transferred": self.transferred,
+                "run_spearman": self.run_spearman, "predicted": len(self.predicted), "transferred": self.transferred,
                 "wall_seconds": self.wall_seconds}
 
     def __str__(self) -> str:
         unit = " (model)" if self.kind == "model" else ""
-        rho = self.mean_spearman
+        rho = self.run_spearman
         return (f"best {self.knobs}: {self.seconds * 1e3:.3f} ms{unit}, default "
                 f"{self.default_seconds * 1e3:.3f} ms ({self.speedup:.2f}x), "
                 f"{len(self.log)} measured ({self.resumed} from the database, {self.failed} "
@@ -298,8 +300,9 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
         measure(picks)
         n_batch += 1
         if scored:
-            got = [(score[todo.index(i)], done[i]) for i in picks
+            got = [(float(score[todo.index(i)]), done[i]) for i in picks
                    if i in done and math.isfinite(done[i])]
+            result.predicted += got
             rho = spearman([p for p, _ in got], [t for _, t in got])
             if rho is not None:
                 result.spearman.append((len(done) - len(picks), rho))
