@@ -94,7 +94,13 @@ def main(argv=None) -> int:
                     "dense, conv2d)")
     ap.add_argument("--quick", action="store_true", help="a few small rows per target")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument("--tune", type=int, metavar="N", help="measured trials per tuner in the "
+                    "--vs-metaschedule comparison")
+    ap.add_argument("--vs-metaschedule", action="store_true", help="tsl.tune and TVM "
+                    "MetaSchedule side by side, N trials each (see tsl/bench/metaschedule.py)")
     args = ap.parse_args(argv)
+    if bool(args.tune) != args.vs_metaschedule:
+        ap.error("--tune N and --vs-metaschedule go together (the trial budget of each tuner)")
     tgts = args.targets.split(",") if args.targets else targets()
     ops_filter = set(args.ops.split(",")) if args.ops else None
 
@@ -103,15 +109,19 @@ def main(argv=None) -> int:
               else "\n", file=sys.stderr, flush=True)
 
     rows = []
-    for t in tgts:
+    for t in tgts if not args.vs_metaschedule else ():
         try:
             rows += run_target(t, ops_filter, args.quick, progress)
         except TSLError as e:
             rows.append({"op": "-", "shape": "-", "dtype": "-", "target": t, "verified": False,
                          "skipped": f"{type(e).__name__}: {str(e).splitlines()[0]}",
                          "baseline": None, "speedup": None})
+    if args.vs_metaschedule:
+        from . import metaschedule
+
+        rows = metaschedule.run(tgts, args.tune, ops_filter, progress)
     progress("")
-    print_table(rows)
+    (metaschedule.print_table if args.vs_metaschedule else print_table)(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=float)
