@@ -79,6 +79,13 @@ class TensorPrimitive:
     macs_per_cycle: float = 0.0  # per instance of the compute level that issues it
     latency: int = 1
     issued_by: str | None = None  # compute level name; default: the innermost one
+    # How a back end emits the primitive: an instruction kind it knows (e.g. a CPU's "fma",
+    # "dot4", "madd2") and, where the kind needs one, the target intrinsic it calls.
+    instruction: str = ""
+    intrinsic: str = ""
+    # Bytes of c_level the instruction needs besides the accumulator tile (x86 vpmaddwd writes
+    # its products to a register of their own before they are added).
+    scratch: int = 0
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -131,6 +138,7 @@ class Machine:
     params: Mapping[str, object] = field(default_factory=dict)
     description: str = ""
     source: str = ""
+    notes: tuple[str, ...] = ()  # how this machine was arrived at (e.g. host detection)
 
     # -- lookups used by schedules and back ends -------------------------------------------
     def memory_level(self, name: str) -> MemoryLevel:

@@ -13,8 +13,12 @@ class CPULowering(Lowering):
     def __init__(self, machine, primitive):
         super().__init__(machine)
         self.primitive = primitive
-        self.a_dtype = "uint8" if primitive is not None and primitive.a_dtype == "uint8" else None
-        self.how = intrinsics.LOWERING.get(primitive.name) if primitive is not None else None
+        self.how = intrinsics.lowering(machine, primitive) if primitive is not None else None
+        # The dtypes the kernel's operands are read in: the primitive's, or what its
+        # instruction kind widens them to (weights converted by the artifact, like packing).
+        self.a_dtype, self.b_dtype = intrinsics.operand_dtypes(machine, primitive)
+        lane = machine.compute_level("lane")
+        self.lanes = lane.count if lane else 4
 
     def layout(self, ctx: LowerContext, operand: str, layout: str) -> Blocked | None:
         """B (weights) in blocks of the register tile's width, and of the primitive's k when
@@ -67,8 +71,8 @@ class CPULowering(Lowering):
         """Unroll the register tile, map the primitive (a TensorIntrin, or the n-loop vectorized
         into FMAs) and zero the accumulator once per tile, outside the reduction."""
         if self.how is None:
-            raise LoweringError(f"the CPU back end has no lowering for primitive {prim.name}; "
-                                f"known: {sorted(intrinsics.LOWERING)}")
+            raise LoweringError(f"machine {self.machine.name} has no tensor primitive to lower "
+                                f"{prim.name} with")
         sch, s = ctx.sch, ctx.tsl
         order = s.loops
         t = order.index(loop)
@@ -88,7 +92,6 @@ class CPULowering(Lowering):
             ctx.blocks["C_init"] = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
             return
         ctx.blocks["C_init"] = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
-        intrinsics.register()
         sch.tensorize(ctx.rv(inner[0]), self.how)
 
     def finalize(self, ctx: LowerContext) -> None:
@@ -96,11 +99,11 @@ class CPULowering(Lowering):
         for name in ("C_init", "C_store"):
             if name in ctx.blocks:
                 self._vectorize_innermost(sch, ctx.blocks[name])
-        # Whole-tensor stages before the main nest (the int8 -> uint8 shift, padding, packing
+        # Whole-tensor stages before the main nest (the int8 -> uint8 shift or int16 widening, padding, packing
         # of activations): one pass each, merged where possible, spread over the cores.
-        stages = [n for n in ("A_u8", "A_pad", "A_global") if self._has(sch, n)]
-        if len(stages) > 1 and stages[0] == "A_u8":
-            sch.compute_inline(sch.get_sblock("A_u8"))
+        stages = [n for n in ("A_cast", "A_pad", "A_global") if self._has(sch, n)]
+        if len(stages) > 1 and stages[0] == "A_cast":
+            sch.compute_inline(sch.get_sblock("A_cast"))
             stages = stages[1:]
         for name in stages:
             blk = sch.get_sblock(name)
@@ -117,11 +120,10 @@ class CPULowering(Lowering):
         except Exception:  # noqa: BLE001 - s_tir raises its own error for a missing block
             return False
 
-    @staticmethod
-    def _vectorize_innermost(sch, blk) -> None:
+    def _vectorize_innermost(self, sch, blk) -> None:
         inner = sch.get_loops(blk)[-1]
         ext = int(sch.get(inner).extent)
-        if ext % 16 == 0 and ext > 16:
-            _, inner = sch.split(inner, [None, 16])
+        if ext % self.lanes == 0 and ext > self.lanes:
+            _, inner = sch.split(inner, [None, self.lanes])
         if ext >= 4:
             sch.vectorize(inner)
