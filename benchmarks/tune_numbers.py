@@ -38,7 +38,7 @@ def operators(target: str):
     if target.startswith("vta"):
         from tsl.backends.vta import classic
 
-        return classic.gemm(64, 512, 256), classic.gemm(64, 1024, 256)
+        return classic.gemm(32, 256, 128), classic.gemm(16, 128, 64)
     return tsl.ops.matmul(256, 256, 512), tsl.ops.matmul(256, 512, 256)
 
 
