@@ -72,6 +72,7 @@ def run(targets: list[str], trials: int, ops_filter, progress) -> list[dict]:
                              "target": target, "verified": False,
                              "failed": f"{type(e).__name__}: {str(e).splitlines()[0]}"})
             rows[-1]["wall_s"] = time.perf_counter() - t0
+            progress("  ".join(fmt(rows[-1])))
     return rows
 
 

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from ..errors import BackendUnavailable, LoweringError
 
+BUILD_TIMEOUT_S = 600
+RUN_TIMEOUT_S = 120
+
 
 @dataclass
 class MetaScheduleResult:
@@ -52,10 +55,17 @@ def tune(op, machine, trials: int, seed: int = 0, trials_per_iter: int = 16,
     set_threads(machine.cores())
     target = codegen.target(machine)
     func = op.prim_func()
+    # Imported on first use inside tune_tir; parsing every TVMScript intrinsic takes minutes on
+    # a loaded 2-core host, a one-time cost of the process that is not tuning.
+    import tvm.s_tir.tensor_intrin  # noqa: F401
     with tempfile.TemporaryDirectory(prefix="tsl-ms-") as tmp:
         t0 = time.perf_counter()
+        # Worker processes import TVM before their first build: the default 30 s build timeout
+        # fails every build of the first batch on such a host.
         db = ms.tune_tir(func, target, work_dir or tmp, max_trials_global=trials,
                          num_trials_per_iter=min(trials_per_iter, trials),
+                         builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S),
+                         runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S),
                          num_tuning_cores=machine.cores(), seed=seed)
         wall = time.perf_counter() - t0
         sch = ms.tir_integration.compile_tir(db, func, target)
