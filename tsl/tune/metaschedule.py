@@ -62,14 +62,19 @@ def tune(op, machine, trials: int, seed: int = 0, trials_per_iter: int = 16,
         t0 = time.perf_counter()
         # Worker processes import TVM before their first build: the default 30 s build timeout
         # fails every build of the first batch on such a host.
-        db = ms.tune_tir(func, target, work_dir or tmp, max_trials_global=trials,
-                         num_trials_per_iter=min(trials_per_iter, trials),
-                         builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S),
-                         runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S),
-                         num_tuning_cores=machine.cores(), seed=seed)
-        wall = time.perf_counter() - t0
-        sch = ms.tir_integration.compile_tir(db, func, target)
-        n = len(db.get_all_tuning_records())
+        try:
+            db = ms.tune_tir(func, target, work_dir or tmp, max_trials_global=trials,
+                             num_trials_per_iter=min(trials_per_iter, trials),
+                             builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S),
+                             runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S),
+                             num_tuning_cores=machine.cores(), seed=seed)
+            wall = time.perf_counter() - t0
+            sch = ms.tir_integration.compile_tir(db, func, target)
+            n = len(db.get_all_tuning_records())
+        except Exception as e:  # noqa: BLE001 - MetaSchedule raises TVM's own error types
+            from ..lower import _first_line
+
+            raise LoweringError(f"MetaSchedule on {op} failed: {_first_line(e)}") from e
     if sch is None:
         raise LoweringError(f"MetaSchedule found no valid schedule for {op} in {trials} trials")
     ex = tvm.compile(sch.mod, target=target)
