@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 from . import model
@@ -46,11 +47,27 @@ def schedule(op: Operator, target: str | Machine = "cpu", schedule: Callable | N
 
 
 def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None = None,
-          knobs: dict | None = None, **options):
+          knobs=None, **options):
     """Compile `op` for `target` with `schedule` (a function of a `tsl.Schedule`; default: the
-    operator's default schedule) and `knobs` (values for the schedule's knobs)."""
+    operator's default schedule) and `knobs`: values for the schedule's knobs, or a
+    `tsl.tune.Database`, whose best record for (operator, machine, schedule) is used; with no
+    record there, the schedule's defaults are, and a warning says so."""
     backend, machine = resolve_target(target)
     why = backend.unavailable(machine, **options)
     if why:
         raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
+    if hasattr(knobs, "best_for"):
+        knobs = tuned_knobs(knobs, op, machine, schedule or default_schedule(op.name))
     return backend.build(record(op, machine, schedule, knobs), **options)
+
+
+def tuned_knobs(db, op: Operator, machine: Machine, fn: Callable) -> dict | None:
+    """The knobs of the best record in tuning database `db` (None, with a warning, when it has
+    none for this operator, machine file and schedule function)."""
+    best = db.best_for(op, machine, fn)
+    if best is None:
+        warnings.warn(f"tuning database {db.path} has no successful record for {op} on "
+                      f"{machine.name} with {fn.__module__}.{fn.__qualname__}: building with "
+                      f"the schedule's default knobs", stacklevel=3)
+        return None
+    return best.knobs

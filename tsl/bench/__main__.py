@@ -134,7 +134,15 @@ def main(argv=None) -> int:
                     "files instead of running (exit status 1 on a regression)")
     ap.add_argument("--threshold", type=float, default=0.05, help="with --compare: the "
                     "fraction slower, beyond the noise band, that fails (default 0.05)")
+    ap.add_argument("--tune", type=int, metavar="N", help="measured trials per tuner in the "
+                    "--vs-metaschedule comparison")
+    ap.add_argument("--vs-metaschedule", action="store_true", help="tsl.tune and TVM "
+                    "MetaSchedule side by side, N trials each (see tsl/bench/metaschedule.py)")
     args = ap.parse_args(argv)
+    if bool(args.tune) != args.vs_metaschedule:
+        ap.error("--tune N and --vs-metaschedule go together (the trial budget of each tuner)")
+    if args.vs_metaschedule and args.report:
+        ap.error("--vs-metaschedule rows have no report page; use --json")
     if args.compare:
         from . import compare
 
@@ -155,15 +163,19 @@ def main(argv=None) -> int:
                 json.dump(checked, f, indent=1, default=str)
         return 0
     rows = []
-    for t in tgts:
+    for t in tgts if not args.vs_metaschedule else ():
         try:
             rows += run_target(t, ops_filter, args.quick, progress, args.trials)
         except TSLError as e:
             rows.append({"op": "-", "shape": "-", "dtype": "-", "target": t, "verified": False,
                          "skipped": f"{type(e).__name__}: {str(e).splitlines()[0]}",
                          "baseline": None, "speedup": None})
+    if args.vs_metaschedule:
+        from . import metaschedule
+
+        rows = metaschedule.run(tgts, args.tune, ops_filter, progress)
     progress("")
-    print_table(rows)
+    (metaschedule.print_table if args.vs_metaschedule else print_table)(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=float)

@@ -1,0 +1,335 @@
+"""The knob search: candidates from the schedule's space, ranked by the analytic model, then by
+an XGBoost model trained on what was measured.
+
+The default knobs (and any `start` configurations) are measured first; after that each batch
+comes from a random pool of the space plus the one-knob neighbours of the best two so far. A
+batch is ranked by `analytic_rank` until there are 2 x `batch` successful measurements (or from
+the start, when a model saved with the database by an earlier run of the same schedule on the
+same machine transfers), then by the XGBoost model retrained before each batch. For every batch
+the model ranked, the Spearman correlation of its predictions with the measurements is kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..backend import resolve_target
+from ..build import record as record_schedule
+from ..errors import BackendUnavailable, ScheduleError, TSLError
+from ..model import evaluate
+from ..primitives.schedule import Schedule
+from ..schedules import default_schedule
+from .database import Database, Key, as_database, knobs_key, make_record
+from .runner import LocalRunner, Outcome, Runner
+
+
+@dataclass
+class TuneResult:
+    knobs: dict
+    seconds: float
+    default_knobs: dict
+    default_seconds: float
+    log: list = field(default_factory=list)  # (knobs, analytic seconds, measured seconds)
+    kind: str = "seconds"  # of the measurements: seconds / cycles / model
+    resumed: int = 0  # configurations taken from the database, not measured again
+    failed: int = 0  # configurations whose build, check or run failed (this run)
+    spearman: list = field(default_factory=list)  # (trials before the batch, rho) per batch
+    predicted: list = field(default_factory=list)  # (model's log seconds, measured seconds)
+    transferred: bool = False  # the first batches were ranked by a model saved earlier
+    wall_seconds: float = 0.0
+    trace: list = field(default_factory=list)  # best seconds after each measurement, in order
+
+    @property
+    def speedup(self) -> float:
+        return self.default_seconds / self.seconds
+
+    @property
+    def run_spearman(self) -> float | None:
+        """Spearman correlation of every prediction the learned model made before a batch with
+        that batch's measurements, over the whole run (None: the model ranked no batch)."""
+        return spearman([p for p, _ in self.predicted], [t for _, t in self.predicted])
+
+    def trials_to(self, seconds: float) -> int | None:
+        """How many measurements this run needed to reach `seconds` (None: it never did)."""
+        return next((n for n, t in enumerate(self.trace, 1) if t <= seconds), None)
+
+    def summary(self) -> dict:
+        return {"knobs": self.knobs, "seconds": self.seconds, "kind": self.kind,
+                "default_knobs": self.default_knobs, "default_seconds": self.default_seconds,
+                "speedup": self.speedup, "trials": len(self.log), "resumed": self.resumed,
+                "failed": self.failed, "spearman": self.spearman,
+                "run_spearman": self.run_spearman, "predicted": len(self.predicted), "transferred": self.transferred,
+                "wall_seconds": self.wall_seconds}
+
+    def __str__(self) -> str:
+        unit = " (model)" if self.kind == "model" else ""
+        rho = self.run_spearman
+        return (f"best {self.knobs}: {self.seconds * 1e3:.3f} ms{unit}, default "
+                f"{self.default_seconds * 1e3:.3f} ms ({self.speedup:.2f}x), "
+                f"{len(self.log)} measured ({self.resumed} from the database, {self.failed} "
+                f"failed)" + (f", model Spearman {rho:.2f}" if rho is not None else ""))
+
+
+def record(op, machine, schedule_fn, knobs) -> Schedule | None:
+    """The recorded schedule, or None when it does not fit the machine."""
+    try:
+        return record_schedule(op, machine, schedule_fn, knobs)
+    except ScheduleError:
+        return None
+
+
+def features(s: Schedule) -> list[float]:
+    """Analytic features of a recorded schedule: padded work, tile shapes, and for every
+    staged tile the bytes it moves into its level over the whole run."""
+    m = s.machine
+    padded = math.prod(s.padded_extents().values())
+    moved = {lv.name: 0.0 for lv in m.memory}
+    for st in s.stages:
+        loads = math.prod(lp.extent for lp in s.loops[:s.loops.index(st.at) + 1])
+        moved[st.level.name] += loads * st.bytes
+    par = math.prod(lp.extent for lp in s.loops if lp.parallel)
+    cores = m.cores()
+    balance = par / (math.ceil(par / cores) * cores) if par else 1.0
+    knob = [float(s.space[n].index(v)) if isinstance(v, (str, bool)) else float(v)
+            for n, v in sorted(s.knob_values.items())]
+    return [math.log2(padded), balance] + [math.log2(1 + moved[lv.name]) for lv in m.memory] + knob
+
+
+def analytic_seconds(s: Schedule) -> float:
+    """The cost model's time of a recorded schedule (`tsl.model.evaluate`)."""
+    return evaluate(s).seconds
+
+
+def analytic_rank(schedules: list[Schedule]) -> list[float]:
+    """The analytic model's score of each schedule (lower is better): the one place the search
+    asks the analytic model."""
+    return [analytic_seconds(s) for s in schedules]
+
+
+class LearnedModel:
+    """XGBoost on `features` -> log seconds. Trained on top of `prior` (a model saved by an
+    earlier run of the same schedule on the same machine) when there is one."""
+
+    PARAMS = {"max_depth": 4, "eta": 0.2, "nthread": 1}
+    ROUNDS = 60
+
+    def __init__(self, prior=None):
+        self.prior = prior
+        self.booster = prior
+
+    def fit(self, feats: list[list[float]], seconds: list[float]) -> None:
+        import xgboost as xgb
+
+        label = np.log(np.asarray(seconds, dtype=float))
+        self.booster = xgb.train(self.PARAMS, xgb.DMatrix(np.array(feats), label=label),
+                                 self.ROUNDS, xgb_model=self.prior)
+
+    def predict(self, feats: list[list[float]]) -> np.ndarray:
+        import xgboost as xgb
+
+        return self.booster.predict(xgb.DMatrix(np.array(feats)))
+
+    def save(self, path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.booster.save_model(str(path))
+
+    @classmethod
+    def load(cls, path, n_features: int) -> "LearnedModel | None":
+        """The model saved at `path`, or None when there is none or it was trained on other
+        features (a warning says so)."""
+        import xgboost as xgb
+
+        if not path.exists():
+            return None
+        booster = xgb.Booster()
+        try:
+            booster.load_model(str(path))
+        except xgb.core.XGBoostError as e:
+            warnings.warn(f"learned model {path} not used: {e}", stacklevel=3)
+            return None
+        if booster.num_features() != n_features:
+            warnings.warn(f"learned model {path} not used: it has {booster.num_features()} "
+                          f"features, this schedule {n_features}", stacklevel=3)
+            return None
+        return cls(booster)
+
+
+def spearman(a, b) -> float | None:
+    """Spearman's rank correlation (None when either side has no spread)."""
+    from scipy.stats import spearmanr
+
+    if len(a) < 2 or len(set(a)) < 2 or len(set(b)) < 2:
+        return None
+    return float(spearmanr(a, b).statistic)
+
+
+def candidates(op, machine, schedule_fn, limit: int, seed: int) -> list[Schedule]:
+    base = record(op, machine, schedule_fn, None)
+    if base is None:
+        raise ScheduleError(f"the default schedule of {op} does not fit {machine.name}")
+    names = sorted(base.space)
+    combos = list(itertools.product(*(base.space[n] for n in names)))
+    random.Random(seed).shuffle(combos)
+    out, seen = [base], {_key(base)}
+    for combo in combos:
+        if len(out) >= limit:
+            break
+        s = record(op, machine, schedule_fn, dict(zip(names, combo)))
+        if s is not None and _key(s) not in seen:
+            seen.add(_key(s))
+            out.append(s)
+    return out
+
+
+def neighbours(s: Schedule, op, machine, schedule_fn) -> list[Schedule]:
+    """Schedules one knob step away from `s` (the next smaller or larger choice)."""
+    out = []
+    for name, choices in sorted(s.space.items()):
+        i = choices.index(s.knob_values[name])
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(choices):
+                n = record(op, machine, schedule_fn, {**s.knob_values, name: choices[j]})
+                if n is not None:
+                    out.append(n)
+    return out
+
+
+def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
+         pool: int = 600, batch: int = 4, seed: int = 0, start: list[dict] | None = None,
+         database: Database | str | None = None, runner: Runner | None = None,
+         progress: Callable[[str], None] | None = None, transfer: bool = True) -> TuneResult:
+    """Search the knobs of `schedule` (default: the operator's) for `op` on `target`.
+
+    `trials` counts every configuration measured for this operator, schedule and machine,
+    including those already in `database` (which are not measured again: a run that was
+    stopped resumes). Each measurement is appended to the database as it is made, and the
+    learned model is saved beside it at the end. `runner` builds and measures (default: in
+    this process); `progress` receives one line per batch."""
+    t0 = time.perf_counter()
+    backend, machine = resolve_target(target)
+    why = backend.unavailable(machine)
+    if why:
+        raise BackendUnavailable(f"cannot tune for {machine.name} here: {why}")
+    fn = schedule or default_schedule(op.name)
+    db = as_database(database) if database is not None else None
+    key = Key.of(op, machine, fn)
+    runner = runner or LocalRunner(seed=seed)
+    batch = max(batch, runner.parallelism)
+    cands = candidates(op, machine, fn, pool, seed)
+    known = {_key(c): i for i, c in enumerate(cands)}
+
+    def add(s: Schedule) -> int:
+        if _key(s) not in known:
+            known[_key(s)] = len(cands)
+            cands.append(s)
+        return known[_key(s)]
+
+    done: dict[int, float] = {}  # candidate -> seconds (inf: failed)
+    order: list[int] = []
+    result = TuneResult({}, math.inf, cands[0].knob_values, math.inf)
+    for rec in (db.measured(key).values() if db is not None else ()):
+        s = record(op, machine, fn, rec.knobs)
+        if s is not None:
+            i = add(s)
+            done[i] = rec.seconds if rec.ok else math.inf
+            order.append(i)
+            result.kind = rec.kind if rec.ok else result.kind
+    result.resumed = len(done)
+
+    model = None
+    model_path = db.model_path(machine, fn) if db is not None else None
+    if transfer and model_path is not None:
+        model = LearnedModel.load(model_path, len(features(cands[0])))
+        result.transferred = model is not None
+
+    def measure(idx: list[int]) -> None:
+        outs = runner.run([cands[i] for i in idx], fn)
+        for i, o in zip(idx, outs):
+            if db is not None:
+                db.add(_as_record(key, cands[i].knob_values, o))
+            if o.lost:
+                continue  # the configuration stays a candidate
+            done[i] = o.seconds if o.ok else math.inf
+            order.append(i)
+            result.failed += not o.ok
+            if o.ok:
+                result.kind = o.kind
+
+    first = [0] + [add(s) for s in (record(op, machine, fn, k) for k in start or []) if s]
+    first = [i for i in dict.fromkeys(first) if i not in done][:max(trials - len(done), 0)]
+    n_batch = 0
+    if first:
+        measure(first)
+        n_batch += 1
+        if progress:
+            progress(_progress_line(n_batch, done, trials, t0, result))
+    while len(done) < trials:
+        for i in sorted(done, key=done.get)[:2]:
+            for n in neighbours(cands[i], op, machine, fn):
+                add(n)
+        todo = [i for i in range(len(cands)) if i not in done]
+        if not todo:
+            break
+        ok = [i for i in done if math.isfinite(done[i])]
+        if len(ok) >= 2 * batch:
+            model = LearnedModel(model.prior if model else None)
+            model.fit([features(cands[i]) for i in ok], [done[i] for i in ok])
+        scored = model is not None and model.booster is not None
+        score = (model.predict([features(cands[i]) for i in todo]) if scored
+                 else analytic_rank([cands[i] for i in todo]))
+        picks = [todo[j] for j in np.argsort(score, kind="stable")[:min(batch, trials - len(done))]]
+        measure(picks)
+        n_batch += 1
+        if scored:
+            got = [(float(score[todo.index(i)]), done[i]) for i in picks
+                   if i in done and math.isfinite(done[i])]
+            result.predicted += got
+            rho = spearman([p for p, _ in got], [t for _, t in got])
+            if rho is not None:
+                result.spearman.append((len(done) - len(picks), rho))
+        if progress:
+            progress(_progress_line(n_batch, done, trials, t0, result))
+    ok = [i for i in done if math.isfinite(done[i])]
+    if not ok:
+        raise TSLError(f"tuning {op} for {machine.name}: every configuration measured failed "
+                       f"({len(done)}); see the errors in "
+                       f"{db.path if db is not None else 'the runner outcomes'}")
+    if model_path is not None and len(ok) >= 2:
+        final = LearnedModel(model.prior if model else None)
+        final.fit([features(cands[i]) for i in ok], [done[i] for i in ok])
+        final.save(model_path)
+    best = min(ok, key=done.get)
+    result.knobs, result.seconds = cands[best].knob_values, done[best]
+    result.default_seconds = done.get(0, math.inf)
+    result.log = [(cands[i].knob_values, analytic_seconds(cands[i]), done[i]) for i in order]
+    best_so_far = math.inf
+    for i in order:
+        best_so_far = min(best_so_far, done[i])
+        result.trace.append(best_so_far)
+    result.wall_seconds = time.perf_counter() - t0
+    return result
+
+
+def _as_record(key: Key, knobs: dict, o: Outcome):
+    return make_record(key, knobs, o.value, o.kind, o.seconds, o.error, o.device, o.lost)
+
+
+def _progress_line(n: int, done: dict, trials: int, t0: float, result) -> str:
+    ok = [i for i in done if math.isfinite(done[i])]
+    best = (f"best {done[min(ok, key=done.get)] * 1e3:.4f} ms"
+            + (" (model)" if result.kind == "model" else "") if ok else "no success yet")
+    rho = f", Spearman {result.spearman[-1][1]:+.2f}" if result.spearman else ""
+    return (f"batch {n}: {len(done)}/{trials} trials, {best}, {result.failed} failed{rho}, "
+            f"{time.perf_counter() - t0:.1f} s")
+
+
+def _key(s: Schedule) -> str:
+    return knobs_key(s.knob_values)
