@@ -29,6 +29,11 @@ class NoMatch(Exception):
     """The function is not (entirely) a tsl operator; the message says why."""
 
 
+class NotGemm(NoMatch):
+    """The function's reduction is not a sum of products (pooling, softmax, norms): not a
+    candidate at all."""
+
+
 @dataclass(frozen=True)
 class Operand:
     """A tsl input fed from call argument `param`, reshaped to `shape` (same element count)."""
@@ -138,15 +143,15 @@ def _product(value, out_buf):
     """A and B loads of `out[s] + cast(A[...]) * cast(B[...])`."""
     _, tirx = _types()
     if not isinstance(value, tirx.Add):
-        raise NoMatch("the reduction is not a sum")
+        raise NotGemm("the reduction is not a sum")
     acc, prod = value.a, value.b
     if not (_is_load(acc) and _same(acc.source, out_buf)):
         acc, prod = prod, acc
     if not (_is_load(acc) and _same(acc.source, out_buf)):
-        raise NoMatch("the reduction does not accumulate into its output")
+        raise NotGemm("the reduction does not accumulate into its output")
     prod = _strip_cast(prod)
     if not isinstance(prod, tirx.Mul):
-        raise NoMatch("the reduction does not sum products")
+        raise NotGemm("the reduction does not sum products")
     a, b = _strip_cast(prod.a), _strip_cast(prod.b)
     if not (_is_load(a) and _is_load(b)):
         raise NoMatch("the reduction multiplies expressions, not two tensors")
@@ -269,11 +274,14 @@ def _padding(block, layout) -> tuple:
     _, tirx = _types()
     st = _store(block)
     v = st.value
-    ok = (isinstance(v, tvm_call()) and v.op.name.endswith("if_then_else")
-          and _is_load(v.args[1]) and _const(v.args[2]) == 0)
-    if not ok:
+    if _is_load(v):  # padding 0: legalization still copies the input
+        load = v
+    elif (isinstance(v, tvm_call()) and v.op.name.endswith("if_then_else")
+          and _is_load(v.args[1]) and _const(v.args[2]) == 0):
+        load = v.args[1]
+    else:
         raise NoMatch(f"block {block.name_hint} before the reduction is not a zero padding")
-    load, pv = v.args[1], _vars_of(st.indices, "the padded input")
+    pv = _vars_of(st.indices, "the padded input")
     offs = []
     for e, var in zip(load.indices, pv):
         c = sym.detect_linear_equation(e, [var])
@@ -357,7 +365,7 @@ def match(func) -> Match:
     bl = blocks(func)
     red_i = [i for i, b in enumerate(bl) if any(iv.iter_type != 0 for iv in b.iter_vars)]
     if len(red_i) != 1:
-        raise NoMatch(f"{len(red_i)} reduction blocks (tsl takes exactly one)")
+        raise NotGemm(f"{len(red_i)} reduction blocks (tsl takes exactly one)")
     ri = red_i[0]
     red, pre, post = bl[ri], bl[:ri], bl[ri + 1:]
     if len(pre) > 1:

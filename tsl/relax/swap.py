@@ -50,6 +50,7 @@ class Decision:
 class Report:
     machine: str
     decisions: list = field(default_factory=list)
+    other: list = field(default_factory=list)  # reductions that are not GEMM/conv (TVM's)
 
     @property
     def taken(self) -> list:
@@ -62,7 +63,9 @@ class Report:
     def __str__(self) -> str:
         head = (f"tsl.relax on {self.machine}: {len(self.taken)} function(s) to tsl, "
                 f"{len(self.left)} GEMM/conv-like left to TVM")
-        return "\n".join([head] + [d.row() for d in self.decisions])
+        other = (["  (other reductions, TVM's: " + ", ".join(self.other) + ")"]
+                 if self.other else [])
+        return "\n".join([head] + [d.row() for d in self.decisions] + other)
 
 
 _BUILDS: dict = {}
@@ -114,12 +117,16 @@ def plan(mod, machine, database=None) -> tuple[dict, Report]:
         if not any(iv.iter_type != 0 for b in matching.blocks(f) for iv in b.iter_vars):
             continue
         d = Decision(name, counts[name], False)
-        report.decisions.append(d)
         try:
             m = matching.match(f)
+        except matching.NotGemm:
+            report.other.append(name)
+            continue
         except matching.NoMatch as e:
+            report.decisions.append(d)
             d.reason = str(e)
             continue
+        report.decisions.append(d)
         d.pattern = m.pattern
         try:
             art = _build(m.op, machine, database)
