@@ -337,11 +337,12 @@ def resnet18_int8(small: bool = False, seed: int = 0):
     x = relax.Var("x", relax.TensorType((1, 3, img, img), "int8"))
 
     def requant(acc, shift, relu=False, residual=None):
-        if residual is not None:
-            acc = bb.emit(relax.op.add(acc, relax.op.astype(residual, "int32")))
-        if relu:
+        if relu and residual is None:
             acc = bb.emit(relax.op.nn.relu(acc))
         acc = bb.emit(relax.op.right_shift(acc, relax.const(shift, "int32")))
+        if residual is not None:  # added at the output's scale, then relu
+            acc = bb.emit(relax.op.add(acc, relax.op.astype(residual, "int32")))
+            acc = bb.emit(relax.op.nn.relu(acc)) if relu else acc
         return bb.emit(relax.op.astype(relax.op.clip(acc, -128, 127), "int8"))
 
     def conv(t, cin, cout, k, stride, pad):
@@ -371,9 +372,10 @@ def resnet18_int8(small: bool = False, seed: int = 0):
                         r = requant(r, s3)
                     y = requant(h, s2, relu=True, residual=r)
                     cin = c
+            side = int(y.ty.shape[2])
             pooled = bb.emit(relax.op.sum(relax.op.astype(y, "int32"), [2, 3]))
-            pooled = bb.emit(relax.op.astype(relax.op.clip(
-                relax.op.right_shift(pooled, relax.const(6, "int32")), -128, 127), "int8"))
+            pooled = bb.emit(relax.op.astype(relax.op.clip(relax.op.right_shift(
+                pooled, relax.const(int(np.log2(side * side)), "int32")), -128, 127), "int8"))
             fc = rng.integers(-64, 65, (cin, cfg["classes"]), dtype=np.int8)
             out = bb.emit(relax.op.matmul(pooled, relax.const(fc), out_dtype="int32"))
             out = bb.emit_output(out)

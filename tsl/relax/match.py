@@ -373,34 +373,35 @@ def match(func) -> Match:
     if red.init is None:
         raise NoMatch("the reduction has no initial value")
     store = _store(red)
+    a, b = _product(store.value, store.buffer)
     acc_dtype = str(store.buffer.dtype)
     if acc_dtype not in ("float32", "int32", "float16"):
         raise NoMatch(f"accumulator dtype {acc_dtype}")
-    a, b = _product(store.value, store.buffer)
     if pre and not _same(_store(pre[0]).buffer, a.source) and not _same(_store(pre[0]).buffer,
                                                                          b.source):
         raise NoMatch(f"block {pre[0].name_hint} before the reduction feeds neither operand")
+    # float16 accumulation in TVM: tsl accumulates in float32 and rounds the result once, at
+    # the end of the epilogue (bias added in float32: more accurate than TVM's float16 sum).
+    tsl_acc = "float32" if acc_dtype == "float16" else acc_dtype
     n_spatial = sum(iv.iter_type == 0 for iv in red.iter_vars)
     n_reduce = len(red.iter_vars) - n_spatial
     if n_reduce == 3:
         make, operands, chan_var, n_chan = _conv(red, store, a, b, params,
-                                                 pre[0] if pre else None, acc_dtype)
+                                                 pre[0] if pre else None, tsl_acc)
     else:
         if pre:
             raise NoMatch(f"block {pre[0].name_hint} computes a GEMM operand")
-        make, operands, chan_var, n_chan = _gemm(red, store, a, b, params, acc_dtype)
+        make, operands, chan_var, n_chan = _gemm(red, store, a, b, params, tsl_acc)
     chan_pos = _index(list(store.indices), chan_var)
-    # float16 accumulation in TVM: tsl accumulates in float32 and rounds the result once.
-    tsl_acc = "float32" if acc_dtype == "float16" else acc_dtype
     steps, out_dtype = [], "float16" if acc_dtype == "float16" else None
     cur = store.buffer
-    i = 0
-    while i < len(post) and out_dtype is None:
+    i, cast = 0, False
+    while i < len(post) and not cast:
         step, operand = _elementwise_step(post[i], cur, params, chan_pos, n_chan, acc_dtype)
         if step is None:
             break
         if isinstance(step, tuple):
-            out_dtype = step[1]
+            out_dtype, cast = step[1], True
         else:
             if step.kind == "bias":
                 if "bias" in operands:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import TSLError
+from ..ops.operator import np_dtype
 from ..primitives.layout import Blocked
 from . import match as matching
 from .targets import machine_for
@@ -159,9 +160,9 @@ def kernel_func(art, name: str):
 
 
 # -- call-site rewriting ----------------------------------------------------------------------
-def _pack_te(shape, padded, layout: Blocked | None, name: str):
+def _pack_te(shape, padded, layout: Blocked | None, dtype: str, name: str):
     """A TE function: X (any shape with prod(shape) elements) -> reshaped to `shape`, zero
-    padded to `padded`, stored in `layout`."""
+    padded to `padded`, stored in `layout`, as `dtype`."""
     def fn(X):
         from tvm import te, tirx
 
@@ -185,13 +186,14 @@ def _pack_te(shape, padded, layout: Blocked | None, name: str):
             flat = sum((i * s for i, s in zip(idx, strides)), tirx.const(0, "int64"))
             src = _unflatten(flat, src_strides)
             inside = tirx.all(*[i < n for i, n in zip(idx, shape)])
-            return tirx.if_then_else(inside, X[tuple(src)], tirx.const(0, X.dtype))
+            return tirx.if_then_else(inside, X[tuple(src)].astype(dtype), tirx.const(0, dtype))
         return te.compute(out_shape, body, name=name)
     return fn
 
 
-def _crop_te(padded, shape, out_shape):
-    """A TE function: the kernel's padded output -> its `shape` corner, reshaped to `out_shape`."""
+def _crop_te(padded, shape, out_shape, dtype):
+    """A TE function: the kernel's padded output -> its `shape` corner, reshaped to `out_shape`,
+    as `dtype`."""
     def fn(Y):
         from tvm import te
 
@@ -199,7 +201,7 @@ def _crop_te(padded, shape, out_shape):
 
         def body(*j):
             flat = sum(i * s for i, s in zip(j, strides))
-            return Y[tuple(_unflatten(flat, src))]
+            return Y[tuple(_unflatten(flat, src))].astype(dtype)
         return te.compute(out_shape, body, name="tsl_crop")
     return fn
 
@@ -307,13 +309,14 @@ def rewrite(mod, plans: dict):
                 lay = art.ctx.layouts.get(i)
                 value = _constant(args[operand.param])
                 if value is not None:
-                    x = value.reshape(operand.shape)
+                    x = value.reshape(operand.shape).astype(np_dtype(tb.dtype))
                     fed.append(np.pad(x, [(0, b - a) for a, b in zip(x.shape, tb.shape)]))
                 elif lay is None and operand.shape == tb.shape and tuple(
-                        int(d) for d in args[operand.param].ty.shape) == tb.shape:
+                        int(d) for d in args[operand.param].ty.shape) == tb.shape and str(
+                        args[operand.param].ty.dtype) == tb.dtype:
                     fed.append(args[operand.param])
                 else:
-                    fed.append(bb.emit_te(_pack_te(operand.shape, tb.shape, lay,
+                    fed.append(bb.emit_te(_pack_te(operand.shape, tb.shape, lay, tb.dtype,
                                                    f"tsl_pack_{t.name}"), args[operand.param]))
             if art.ctx.unsigned_a:
                 b = fed[art.ctx.input_index("B")]
@@ -326,10 +329,13 @@ def rewrite(mod, plans: dict):
             fed = [relax.const(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
                    for x in fed]
             out = big.output
+            # What the kernel writes (an epilogue of no steps keeps the accumulator dtype).
+            kdtype = str(art.mod["main"].params[-1].ty.dtype)
+            want = str(m.result_buffer.dtype)
             y = bb.emit(relax.call_tir(self.kernel(call.args[0].name_hint, art), fed,
-                                       relax.TensorType(out.shape, out.dtype)))
-            if out.shape != m.result_shape:
-                y = bb.emit_te(_crop_te(out.shape, m.op.output.shape, m.result_shape), y)
+                                       relax.TensorType(out.shape, kdtype)))
+            if out.shape != m.result_shape or kdtype != want:
+                y = bb.emit_te(_crop_te(out.shape, m.op.output.shape, m.result_shape, want), y)
             if m.tail:
                 y = bb.emit_te(_tail_te(m), y, *[args[i] for i in m.tail_params])
             return y
