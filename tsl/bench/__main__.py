@@ -94,7 +94,14 @@ def main(argv=None) -> int:
                     "dense, conv2d)")
     ap.add_argument("--quick", action="store_true", help="a few small rows per target")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument("--models", action="store_true", help="whole models through tsl.relax "
+                    "instead (ResNet-18, BERT layer: tsl vs TVM vs PyTorch; int8 ResNet-18; "
+                    "Tensor Core compile); with --quick, their small configurations")
     args = ap.parse_args(argv)
+    if args.models:
+        from .models import main as models_main
+
+        return models_main(args.quick, args.json)
     tgts = args.targets.split(",") if args.targets else targets()
     ops_filter = set(args.ops.split(",")) if args.ops else None
 

@@ -423,3 +423,39 @@ def compile_tensorcore(name: str, small: bool = False, arch: str = "sm_90") -> d
             "machine": c.report.machine, "tsl_calls": len(c.report.taken),
             "tvm_calls": len(c.report.left), "compile_s": round(c.seconds, 1),
             "executable": type(c.vm).__name__, "report": str(c.report)}
+
+
+def main(small: bool = False, json_path: str | None = None) -> int:
+    """`python -m tsl.bench --models`: every model row, printed; 1 when a check fails."""
+    import json
+    import sys
+
+    def progress(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    rows, ok = [], True
+    for name in ("resnet18", "bert"):
+        r = run_model(name, small, progress=progress)
+        print(r["report"])
+        print(format_row(r))
+        ok &= r["err_vs_tvm"] < 1e-5 and r.get("err_vs_torch", 0) < 1e-4
+        rows.append(r)
+    r = run_int8(small, progress=progress)
+    print(f"{r['model']:<18} exact vs TVM: {r['exact']} (max |diff| {r['max_abs_diff']}, logits "
+          f"{r['logit_range']}) | tsl {r['tsl_ms']:.2f} ms, TVM default {r['tvm_ms']:.2f} ms | "
+          f"compile {r['compile_tsl_s']} s | {r['tsl_calls']} functions to tsl, "
+          f"{r['tvm_calls']} left")
+    ok &= r["exact"]
+    rows.append(r)
+    for name in ("resnet18", "bert"):
+        progress(f"[models] {name} fp16: compiling for cuda sm_90 ...")
+        r = compile_tensorcore(name, small)
+        print(f"{r['model']:<18} {r['target']} ({r['machine']}): compiled in {r['compile_s']} s "
+              f"({r['executable']}), {r['tsl_calls']} functions to tsl, {r['tvm_calls']} left "
+              f"to TVM; not run (compile only)")
+        ok &= r["tsl_calls"] > 0
+        rows.append(r)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    return 0 if ok else 1
