@@ -172,11 +172,9 @@ def _gemm(red, store, a, b, params, acc_dtype):
         raise NoMatch("the reduced axis does not index both operands")
     in_a = [_index(av, v) >= 0 for v in cv]
     in_b = [_index(bv, v) >= 0 for v in cv]
-    if in_b[-1] and not in_a[-1]:
-        pass
-    elif in_a[-1] and not in_b[-1]:  # the product is written B * A
+    if in_a[-1] and not in_b[-1]:  # the product is written B * A
         a, b, av, bv, in_a, in_b = b, a, bv, av, in_b, in_a
-    else:
+    elif not (in_b[-1] and not in_a[-1]):
         raise NoMatch("the output's last axis is not a column of one operand only")
     if len(cv) != len(spatial) or any(_index(spatial, v) < 0 for v in cv):
         raise NoMatch("the output is not indexed by the block's iterators")
@@ -271,7 +269,6 @@ def _padding(block, layout) -> tuple:
     """(source buffer, padding) of a zero-padding block `P[i] = if_then_else(inside, X[i - p], 0)`."""
     from tvm import sym
 
-    _, tirx = _types()
     st = _store(block)
     v = st.value
     if _is_load(v):  # padding 0: legalization still copies the input
