@@ -46,9 +46,17 @@ class Artifact:
         raise NotImplementedError
 
     # -- shared ------------------------------------------------------------------------------
+    @property
+    def mod(self):
+        """The scheduled TIR as a TVM IRModule (before the back end's code generation):
+        `tvm.compile(art.mod, target=...)` builds it. Its `main` takes the operands as
+        `prepare` gives them: padded to the schedule's tiles, weights in the packed layout
+        (`ctx.layouts`), plus the compensation argument on an unsigned-A machine."""
+        return self.ctx.sch.mod
+
     def tir(self) -> str:
-        """The scheduled TIR (before the back end's code generation)."""
-        return self.ctx.sch.mod.script()
+        """The scheduled TIR (before the back end's code generation), as text."""
+        return self.mod.script()
 
     def check_inputs(self, arrays) -> list[np.ndarray]:
         ins = self.op.inputs

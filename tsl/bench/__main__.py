@@ -138,7 +138,14 @@ def main(argv=None) -> int:
                     "--vs-metaschedule comparison")
     ap.add_argument("--vs-metaschedule", action="store_true", help="tsl.tune and TVM "
                     "MetaSchedule side by side, N trials each (see tsl/bench/metaschedule.py)")
+    ap.add_argument("--models", action="store_true", help="whole models through tsl.relax "
+                    "instead (ResNet-18, BERT layer: tsl vs TVM vs PyTorch; int8 ResNet-18; "
+                    "Tensor Core compile); with --quick, their small configurations")
     args = ap.parse_args(argv)
+    if args.models:
+        from .models import main as models_main
+
+        return models_main(args.quick, args.json)
     if bool(args.tune) != args.vs_metaschedule:
         ap.error("--tune N and --vs-metaschedule go together (the trial budget of each tuner)")
     if args.vs_metaschedule and args.report:

@@ -1,0 +1,183 @@
+"""tsl.relax: targets, the swap pass on small models (equal to TVM without tsl), fallbacks and
+the report, knobs / database, int8 requantize, Tensor Core compile, art.mod."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tsl
+from tsl.bench import models
+
+tvm = pytest.importorskip("tvm")
+from tvm import relax  # noqa: E402
+from tvm.relax.frontend import nn  # noqa: E402
+
+import tsl.relax  # noqa: E402
+
+
+def _compile_both(mod, x, target="cpu", **kw):
+    tsl_c = models.compile_model(mod, target, **kw)
+    tvm_c = models.compile_model(mod, target, use_tsl=False)
+    return tsl_c, tsl_c(x), tvm_c(x)
+
+
+def _swapped(report):
+    return {d.function for d in report.taken}
+
+
+# -- targets ----------------------------------------------------------------------------------
+def test_targets_map_to_machines():
+    from tsl.tam import detect
+
+    assert tsl.relax.machine_for("llvm").name == detect.detect().machine.name
+    assert tsl.relax.machine_for({"kind": "llvm"}).name == detect.detect().machine.name
+    assert tsl.relax.machine_for({"kind": "cuda", "arch": "sm_90"}).name == "tensorcore-sm90"
+    assert tsl.relax.machine_for(tvm.target.Target({"kind": "cuda", "arch": "sm_80"})).name \
+        == "tensorcore-sm80"
+    assert tsl.relax.machine_for("cpu").name == detect.detect().machine.name
+    tgt = tsl.relax.tvm_target("cpu")
+    assert tgt.kind.name == "llvm" and "+avx2" in [str(a) for a in tgt.attrs["mattr"]]
+
+
+@pytest.mark.parametrize("target, words", [
+    ({"kind": "cuda", "arch": "sm_70"}, ["sm_70", "sm_80", "sm_90"]),
+    ({"kind": "vulkan"}, ["vulkan", "llvm", "cuda"]),
+])
+def test_unmapped_target_names_the_known_ones(target, words):
+    with pytest.raises(tsl.BackendUnavailable) as e:
+        tsl.relax.machine_for(target)
+    assert all(w in str(e.value) for w in words)
+
+
+# -- art.mod ----------------------------------------------------------------------------------
+def test_artifact_mod_is_the_scheduled_module():
+    op = tsl.ops.matmul(40, 24, 32)
+    art = tsl.build(op, "cpu")
+    assert isinstance(art.mod, tvm.IRModule) and art.mod.script() == art.tir()
+    ex = tvm.compile(art.mod, target=tsl.relax.tvm_target("cpu"))
+    a, b = op.random_inputs(3)
+    args = [tvm.runtime.tensor(x) for x in art.prepare([a, b])]
+    out = tvm.runtime.empty(art.ctx.op.output.shape, "float32")
+    ex(*args, out)
+    assert op.check(op.crop_output(out.numpy()), op.reference(a, b))[0]
+
+
+# -- the bridge on small models ---------------------------------------------------------------
+class TinyConvNet(nn.Module):
+    """conv+bias+relu (odd channel count: padded), a residual block, a 1x1 stride-2 conv,
+    a grouped conv (not tsl's: left to TVM), a linear layer."""
+
+    def __init__(self):
+        self.c1 = nn.Conv2D(3, 12, 3, padding=1)
+        self.c2 = nn.Conv2D(12, 12, 3, padding=1)
+        self.down = nn.Conv2D(12, 16, 1, stride=2)
+        self.grouped = nn.Conv2D(16, 16, 3, padding=1, groups=4)
+        self.fc = nn.Linear(16 * 5 * 5, 10)
+
+    def forward(self, x):
+        y = nn.relu(self.c1(x))
+        y = nn.relu(self.c2(y) + y)
+        y = nn.relu(self.grouped(self.down(y)))
+        return self.fc(nn.op.reshape(y, (1, 16 * 5 * 5)))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    mod, weights, x = models.export(TinyConvNet(), (1, 3, 9, 9))
+    return mod, weights, x
+
+
+def test_tiny_convnet_equals_tvm_and_reports(tiny):
+    mod, _, x = tiny
+    c, got, want = _compile_both(mod, x)
+    assert models._rel_err(got, want) < 1e-5
+    rep = c.report
+    assert rep.machine == tsl.relax.machine_for("cpu").name
+    patterns = sorted(d.pattern for d in rep.taken)
+    assert any(p.startswith("conv2d+bias+relu") for p in patterns)
+    assert any(p.startswith("conv2d+bias (+") for p in patterns)  # residual add: TVM's tail
+    assert any(p.startswith("matmul+bias") for p in patterns)
+    assert len(rep.taken) == 4
+    left = [d for d in rep.left]
+    assert len(left) == 1 and "grouped" in left[0].reason
+    assert "tvm " in str(rep) and "schedule tsl.schedules.schedule_conv2d" in str(rep)
+    # report() on the unfused module says the same
+    again = tsl.relax.report(mod, "cpu")
+    assert _swapped(again) == _swapped(rep)
+
+
+def test_swapped_functions_carry_machine_and_knobs(tiny):
+    mod, _, _ = tiny
+    seen = []
+
+    def grab(m, _ctx):
+        seen.append(m)
+        return m
+
+    pipe = tsl.relax.pipeline("cpu")
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0])(mod)
+    out = tsl.relax.swap_pass("cpu")(fused)
+    tagged = {gv.name_hint: f for gv, f in out.functions.items() if "tsl.machine" in f.attrs}
+    assert len(tagged) == 4 and all(n.endswith("_tsl") for n in tagged)
+    for f in tagged.values():
+        assert str(f.attrs["tsl.machine"]) == tsl.relax.machine_for("cpu").name
+        assert isinstance(json.loads(str(f.attrs["tsl.knobs"])), dict)
+    assert pipe is not None
+
+
+def test_runtime_weights_are_packed_by_relax_calls():
+    """Weights passed at run time (not bound as constants) are padded and packed by Relax
+    calls inserted before the kernel."""
+    model = TinyConvNet()
+    mod, params = model.export_tvm({"forward": {"x": nn.spec.Tensor((1, 3, 9, 9), "float32")}})
+    weights = models.random_weights(params, 1)
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 3, 9, 9)).astype("float32")
+    args = [tvm.runtime.tensor(x)] + [tvm.runtime.tensor(weights[n]) for n, _ in params]
+    outs = []
+    for pipe in (tsl.relax.pipeline("cpu"), "default"):
+        ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"), relax_pipeline=pipe)
+        outs.append(relax.VirtualMachine(ex, tvm.cpu())["forward"](*args).numpy())
+    assert models._rel_err(outs[0], outs[1]) < 1e-5
+
+
+def test_tiny_encoder_equals_tvm_and_torch():
+    model, shape = models.bert_layer(small=True)
+    mod, weights, x = models.export(model, shape)
+    c, got, want = _compile_both(mod, x)
+    assert models._rel_err(got, want) < 1e-5
+    pats = [d.pattern for d in c.report.taken]
+    assert sum(p.startswith("batch_matmul") for p in pats) == 2  # QK^T and PV
+    assert sum(p.startswith("matmul+bias") for p in pats) >= 4
+    assert {"softmax", "layer_norm"} <= set(c.report.other)
+    torch = pytest.importorskip("torch", reason="PyTorch is optional (pip install torch)")
+    with torch.inference_mode():
+        ref = models.torch_forward("bert", weights, small=True)(torch.from_numpy(x)).numpy()
+    assert models._rel_err(got, ref) < 1e-5
+
+
+def test_knobs_and_database_argument(tiny):
+    mod, _, x = tiny
+    c, got, want = _compile_both(mod, x, database={"stages": 1})
+    assert models._rel_err(got, want) < 1e-5
+    assert all(d.knobs["stages"] == 1 for d in c.report.taken)
+    # A knob value no schedule accepts: every candidate falls back to TVM, with the reason.
+    rep = tsl.relax.report(mod, "cpu", database={"stages": 7})
+    assert not rep.taken and sum("knob('stages')" in d.reason for d in rep.left) == 4
+
+
+def test_int8_requantize_is_exact():
+    mod, x = models.resnet18_int8(small=True)
+    c, got, want = _compile_both(mod, x)
+    assert got.dtype == np.int32 and np.array_equal(got, want)
+    assert np.ptp(want) > 0
+    pats = [d.pattern for d in c.report.taken]
+    assert any("shift+clip->int8" in p for p in pats)
+    assert not c.report.left
+
+
+def test_tensorcore_compile_swaps_kernels():
+    row = models.compile_tensorcore("bert", small=True)
+    assert row["machine"] == "tensorcore-sm90" and row["tsl_calls"] >= 4, row["report"]

@@ -1,0 +1,68 @@
+"""tsl inside TVM's Relax pipelines.
+
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"))
+    print(tsl.relax.report(mod, "cpu"))
+
+`pipeline(target)` is TVM's default Relax pipeline for the target with one pass added right
+after operator fusion: every fused PrimFunc that computes a matmul / linear / batch matmul /
+conv2d (with the bias add, relu and requantize after it) is recognized from its blocks
+(`tsl.relax.match`), built with tsl's schedule for the target's machine (or the best record of
+a tuning database) and swapped in (`tsl.relax.swap`); everything else is TVM's.
+"""
+
+from __future__ import annotations
+
+from .swap import Decision, Report, swap_pass
+from .targets import machine_for, tvm_target
+
+
+def _stages(tvm_tgt):
+    """TVM's default Relax pipeline for `tvm_tgt`, as (before fusion ends, after) pass lists."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+    from tvm.relax.backend.cuda import pipeline as cuda
+
+    be = {"llvm": cpu, "cuda": cuda}[tvm_tgt.kind.name]
+    legal = be.legalize_passes(tvm_tgt)
+    fuse_end = 1 + max(i for i, p in enumerate(legal) if "FuseTIR" in str(p.info.name))
+    return (be.library_dispatch_passes(tvm_tgt) + legal[:fuse_end],
+            legal[fuse_end:] + be.dataflow_lower_passes(tvm_tgt) + be.finalize_passes(tvm_tgt))
+
+
+def pipeline(target, database=None, reports: list | None = None):
+    """TVM's default Relax pipeline for `target` with tsl's kernels swapped in after fusion.
+
+    `target`: a TVM Target (or its JSON dict / kind string) or a tsl target name ("cpu",
+    "tensorcore-sm90"). `database`: a `tsl.tune.Database` (its best record per operator) or a
+    dict of knob values, passed to `tsl.build(..., knobs=database)`. `reports`: a list that
+    receives the `Report` of each run."""
+    import tvm
+
+    tgt = tvm_target(target)
+    before, after = _stages(tgt)
+    swap = swap_pass(target, database, reports)
+
+    @tvm.transform.module_pass(opt_level=0, name="tsl.relax.pipeline")
+    def _pipeline(mod, _ctx):
+        with tgt:
+            return tvm.transform.Sequential(before + [swap] + after)(mod)
+
+    return _pipeline
+
+
+def report(mod, target, database=None) -> Report:
+    """Which calls of `mod` tsl takes (operator, schedule, knobs) and which it leaves to TVM and
+    why, for `target`: TVM's legalization and fusion are run on a copy, then the bridge's
+    planning (the kernels are built; builds are cached for the compile that follows)."""
+    import tvm
+
+    from .swap import plan
+
+    tgt = tvm_target(target)
+    before, _ = _stages(tgt)
+    with tgt:
+        fused = tvm.transform.Sequential(before)(mod)
+    return plan(fused, machine_for(target), database)[1]
+
+
+__all__ = ["pipeline", "report", "swap_pass", "machine_for", "tvm_target", "Report", "Decision"]

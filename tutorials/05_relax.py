@@ -1,0 +1,65 @@
+"""Tutorial 5: tsl inside TVM's pipeline - a whole model, its GEMMs and convs on tsl's kernels.
+
+A TVM user has a model as a Relax IRModule. `tsl.relax.pipeline(target)` is TVM's default
+Relax pipeline with one pass added after operator fusion: each fused function that computes a
+matmul / linear / batch matmul / conv2d (with the bias add, relu or requantize after it) is
+recognized from its loops and blocks, built with tsl's schedule for the target's machine, and
+swapped in. The rest of the model is TVM's, unchanged. `tsl.relax.report` says which calls tsl
+took (schedule, knobs) and which it left to TVM, and why.
+
+Run: python tutorials/05_relax.py          (a narrow ResNet-18 and a small BERT layer: seconds)
+     python tutorials/05_relax.py --full   (ResNet-18 at 224x224 and BERT-base, sequence 128)
+"""
+
+import sys
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import tsl
+import tsl.relax
+from tsl.bench import models
+
+small = "--full" not in sys.argv
+
+# 1. A model written with tvm.relax.frontend.nn, its weights bound as constants (so that tsl
+#    packs them once, at compile time, into the layout its kernels read).
+model, shape = models.resnet18(small=small)
+mod, weights, x = models.export(model, shape)
+
+# 2. Which calls tsl takes, before compiling anything.
+print(tsl.relax.report(mod, "cpu"))
+
+# 3. Compile: the TVM target for the host (its vector extensions on), tsl's pipeline.
+target = tsl.relax.tvm_target("cpu")
+ex = tvm.compile(mod, target=target, relax_pipeline=tsl.relax.pipeline("cpu"))
+vm = relax.VirtualMachine(ex, tvm.cpu())
+y = vm["forward"](tvm.runtime.tensor(x)).numpy()
+
+# 4. The same model through TVM's default pipeline: the same function.
+ref = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())["forward"](
+    tvm.runtime.tensor(x)).numpy()
+err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+print(f"ResNet-18{' (small)' if small else ''}: logits {y.shape}, relative difference to TVM's "
+      f"pipeline {err:.1e}")
+assert err < 1e-5
+
+# 5. One kernel as a TVM user sees it: `art.mod` is the scheduled IRModule tvm.compile takes.
+art = tsl.build(tsl.ops.conv2d(1, 64, 56, 56, 64, 3, 3, padding=1,
+                               epilogue=tsl.ops.bias() + tsl.ops.relu()), "cpu")
+print(f"art.mod: {type(art.mod).__name__}, functions {[g.name_hint for g in art.mod.get_global_vars()]}")
+
+# 6. Whole models, timed against TVM's default pipeline and PyTorch eager (when installed):
+#    with --full (the small configurations are too small to time meaningfully).
+for name in ("resnet18", "bert") if not small else ():
+    row = models.run_model(name, small=small, rounds=2)
+    print(models.format_row(row))
+    assert row["err_vs_tvm"] < 1e-5 and row.get("err_vs_torch", 0) < 1e-4
+
+# 7. int8: requantize epilogues (bias, relu, >> shift, clip, -> int8) on tsl's exact int8
+#    kernels; the logits equal TVM's bit for bit.
+row = models.run_int8(small=small)
+print(f"{row['model']}: exact={row['exact']} (max |diff| {row['max_abs_diff']}), "
+      f"{row['tsl_calls']} functions to tsl")
+assert row["exact"]
