@@ -1,14 +1,22 @@
-"""The TPU back end: TPU v4 / v5e TAMs, an emitter from the scheduled TIR to an XLA program
-(StableHLO and HLO text) whose loops and tiles are the schedule's, execution on XLA's CPU client
-for numerics (optional jax/jaxlib), and a roofline estimate from the TAM."""
+"""The TPU back end: TPU v4 / v5e TAMs; the schedule as a Mosaic kernel (Pallas TPU: grid,
+BlockSpecs, VMEM scratch, dimension semantics) inside the StableHLO a TPU runs, run here in
+Pallas interpret mode and exported with jax.export (default, `emitter="mosaic"`); the portable
+while-loop StableHLO program that runs on any XLA (`emitter="stablehlo"`); a cost model of the
+kernel from the TAM."""
 
 from __future__ import annotations
 
+import math
+
 from ...backend import Backend
+from ...errors import ScheduleError, TSLError, LoweringError
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
 from .lowering import TPULowering
+from .kernel import MosaicArtifact, check_plan, kernel_plan
 from .runtime import TPUArtifact, check_vmem
+
+EMITTERS = ("mosaic", "stablehlo")
 
 
 class TPUBackend(Backend):
@@ -18,11 +26,31 @@ class TPUBackend(Backend):
     def unavailable(self, machine) -> str | None:
         return None  # emitting needs no jax; running says what to install
 
-    def build(self, schedule, **options) -> TPUArtifact:
+    def build(self, schedule, emitter: str = "mosaic", **options):
+        """`emitter="mosaic"`: the Mosaic kernel (MosaicArtifact); `"stablehlo"`: the
+        while-loop program of the schedule's tiles (TPUArtifact)."""
         if options:
-            raise TypeError(f"the TPU back end takes no build options, got {sorted(options)}")
-        check_vmem(schedule)
-        return TPUArtifact(schedule, lower(schedule, TPULowering(schedule.machine)))
+            raise TypeError(f"the TPU back end takes only emitter=, got {sorted(options)}")
+        if emitter not in EMITTERS:
+            raise ScheduleError(f"emitter={emitter!r}: the TPU back end emits {EMITTERS}")
+        if not any(lp.tensorized for lp in schedule.loops):
+            raise ScheduleError(f"schedule of {schedule.op} on {schedule.machine.name} maps no "
+                                f"loop nest onto the MXU; call s.tensorize(<the primitive's "
+                                f"loop>) in the schedule function")
+        check_hbm(schedule)
+        ctx = lower(schedule, TPULowering(schedule.machine))
+        try:
+            if emitter == "stablehlo":
+                check_vmem(schedule)
+                return TPUArtifact(schedule, ctx)
+            plan = kernel_plan(schedule, ctx)
+        except TSLError:
+            raise
+        except Exception as e:  # noqa: BLE001 - TVM's errors have no common base worth naming
+            raise LoweringError(f"the TPU {emitter} emitter failed on {schedule.op}: "
+                                f"{str(e).strip().splitlines()[-1][:300]}") from e
+        check_plan(plan, schedule)
+        return MosaicArtifact(schedule, ctx, plan)
 
     def bench_suite(self, quick: bool) -> list:
         bf16 = dict(dtype="bfloat16", acc_dtype="float32")
@@ -37,6 +65,25 @@ class TPUBackend(Backend):
                 dense(128, 768, 3072, epilogue=bias() + relu(), **bf16),
                 matmul(1024, 1024, 1024, dtype="int8"),
                 conv2d(1, 128, 58, 58, 128, 3, 3, layout="NHWC", **bf16)]
+
+
+def check_hbm(schedule) -> None:
+    """The operator's arrays (inputs, output and their padded copies) within the chip's HBM."""
+    from ...tam.machine import dtype_bytes
+
+    op, big = schedule.op, schedule.op.padded(schedule.padded_extents())
+    hbm = schedule.machine.levels("global", "A")[0]
+
+    def nbytes(ts):
+        return sum(math.ceil(math.prod(t.shape) * dtype_bytes(t.dtype)) for t in ts)
+    need = nbytes(op.inputs) + nbytes([op.output])
+    if big is not op:
+        need += nbytes(big.inputs) + nbytes([big.output])
+    if need > hbm.capacity:
+        raise ScheduleError(f"{op} needs {need:,} bytes of HBM for its arrays (inputs, output"
+                            f"{' and their padded copies' if big is not op else ''}) but "
+                            f"{schedule.machine.name}'s {hbm.name} holds {hbm.capacity:,} bytes "
+                            f"(machine file): split the operator or use a chip with more HBM")
 
 
 backend = TPUBackend()

@@ -119,6 +119,12 @@ class Estimate:
     peak: float  # operations per second of the operands' dtype
     pipelined: bool
     stages: list = field(default_factory=list)
+    kind: str = "model"
+    emitter: str = "stablehlo"
+    bound: str = ""
+    steps: int = 0  # grid steps of the Mosaic kernel
+    overhead_s: float = 0.0
+    traffic: dict = field(default_factory=dict)  # level -> bytes
 
     @property
     def flops(self) -> int:
@@ -140,6 +146,17 @@ class Estimate:
         return 100 * 2 * self.macs / self.seconds / self.peak
 
     def __str__(self) -> str:
+        if self.emitter == "mosaic":
+            return "\n".join(
+                [f"estimate (model) of the Mosaic kernel on {self.machine}: "
+                 f"{self.seconds * 1e6:.1f} us, MXU utilization {100 * self.utilization:.1f}%, "
+                 f"{self.pct_peak:.1f}% of peak, bound by {self.bound}",
+                 f"  MXU {self.mxu_s * 1e6:.1f} us ({self.padded_macs:,} MACs, "
+                 f"{100 * self.waste:.1f}% padding); HBM {self.hbm_bytes / 1e6:.2f} MB "
+                 f"({self.memory_s * 1e6:.1f} us if not overlapped); {self.steps:,} grid steps "
+                 f"({self.overhead_s * 1e6:.1f} us overhead); fill {self.fill_s * 1e6:.1f} us",
+                 f"  VMEM {self.vmem_bytes / 2**20:.2f} MiB of {self.vmem_budget / 2**20:.0f} MiB"]
+                + [f"  {s}" for s in self.stages])
         lines = [f"estimate on {self.machine}: {self.seconds * 1e6:.1f} us, MXU utilization "
                  f"{100 * self.utilization:.1f}%, {self.pct_peak:.1f}% of peak",
                  f"  MXU passes {self.mxu_passes:,} ({self.padded_macs:,} MACs, "
