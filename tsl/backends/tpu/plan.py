@@ -164,12 +164,36 @@ def _evaluator(expr, names: list[str], zero: set[str]):
         if isinstance(e, tirx.Mul):
             return ev(e.a, env) * ev(e.b, env)
         if isinstance(e, tirx.FloorDiv):
-            return ev(e.a, env) // ev(e.b, env)
+            return div(ev(e.a, env), ev(e.b, env))
         if isinstance(e, tirx.FloorMod):
-            return ev(e.a, env) % ev(e.b, env)
+            return rem(ev(e.a, env), ev(e.b, env))
         raise LoweringError(f"the Mosaic emitter cannot compute index {expr}")
 
     return lambda *g: ev(expr, dict(zip(names, g)))
+
+
+def _traced(x) -> bool:
+    return not isinstance(x, (int, np.integer, np.ndarray))
+
+
+def div(a, b):
+    """a // b for grid indices (>= 0): Python/NumPy ints, or JAX values inside an index map,
+    where Mosaic lowers the truncating division (floor division needs the chip's info)."""
+    if _traced(a) or _traced(b):
+        from jax import lax
+        import jax.numpy as jnp
+
+        return lax.div(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
+    return a // b
+
+
+def rem(a, b):
+    if _traced(a) or _traced(b):
+        from jax import lax
+        import jax.numpy as jnp
+
+        return lax.rem(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
+    return a % b
 
 
 def _vars(e) -> set[str]:
@@ -285,7 +309,7 @@ def gemm_plan(func, op, tsl_op) -> Plan:
         sizes = [t for t in tile]
 
         def index(*g):
-            return tuple(s(*g) // (sz if b is not None else 1)
+            return tuple(div(s(*g), sz) if b is not None else s(*g)
                          for s, sz, b in zip(starts, sizes, block))
         text = "(" + ", ".join(f"({_text(e, names)}) // {sz}" if b is not None else
                                _text(e, names) for e, sz, b in
@@ -460,9 +484,11 @@ def conv_plan_for(op, th: int, co: int, ci: int, row_group: int,
     Hp = (Pp - 1) * stride + (R - 1) * dil + 1
     Wp = (Q - 1) * stride + (S - 1) * dil + 1
     dt = op.dtype
-    x = Block("A", (N, Hp, Wp, Cp), dt, (None, hin, Wp, ci),
-              lambda n, r, c, k: (n, r * (th * stride), 0, k),
-              f"(g0, g1 * {th * stride}, 0, g3)", window=(1,))
+    # Overlapping windows: every dim of the input block is an element offset (Pallas takes
+    # element-indexed dims all or none).
+    x = Block("A", (N, Hp, Wp, Cp), dt, (1, hin, Wp, ci),
+              lambda n, r, c, k: (n, r * (th * stride), 0, k * ci),
+              f"(g0, g1 * {th * stride}, 0, g3 * {ci})", window=(0, 1, 2, 3))
     w = Block("B", (R * S, Cp, Kp), dt, (R * S, ci, co), lambda n, r, c, k: (0, k, c),
               "(0, g3, g2)")
     ins = [x, w]
