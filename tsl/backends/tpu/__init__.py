@@ -13,7 +13,9 @@ from ...errors import ScheduleError, TSLError, LoweringError
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
 from .lowering import TPULowering
+from . import model
 from .kernel import MosaicArtifact, check_plan, kernel_plan
+from .plan import conv_plan, stage_tiles
 from .runtime import TPUArtifact, check_vmem
 
 EMITTERS = ("mosaic", "stablehlo")
@@ -51,6 +53,22 @@ class TPUBackend(Backend):
                                 f"{str(e).strip().splitlines()[-1][:300]}") from e
         check_plan(plan, schedule)
         return MosaicArtifact(schedule, ctx, plan)
+
+    def default_knobs(self, op, machine) -> dict:
+        """The tile knobs of the default schedule that the TPU kernel model prices fastest
+        (see `model.choose_knobs`); the bench builds its TPU rows with them."""
+        from ...schedules import default_schedule
+
+        group = int(machine.params["tiling"][0])
+
+        def plan_of(s):
+            if op.name == "conv2d":
+                return conv_plan(s, group)
+            t = stage_tiles(s)
+            acc, a = t[("C", "accumulator")], t[("A", "scratchpad")]
+            return model.gemm_plan_for(op.padded(s.padded_extents()), acc["i"], a["k"],
+                                       acc["j"], "schedule", user=op)
+        return model.choose_knobs(op, machine, default_schedule(op.name), plan_of)
 
     def bench_suite(self, quick: bool) -> list:
         bf16 = dict(dtype="bfloat16", acc_dtype="float32")

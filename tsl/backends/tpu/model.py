@@ -137,10 +137,13 @@ def _ceil(x: int, q: int) -> int:
     return -(-x // q) * q
 
 
-def gemm_plan_for(op, bm: int, bk: int, bn: int, source: str, passes: bool = True) -> Plan:
+def gemm_plan_for(op, bm: int, bk: int, bn: int, source: str, passes: bool = True,
+                  user=None) -> Plan:
     """The Pallas GEMM kernel of the public examples (grid (batch, M/bm, N/bn, K/bk), A and B
     blocks, f32 accumulator, "parallel, parallel, arbitrary") for `op` with the given blocks
-    (clipped to the operator; the operator padded to whole blocks)."""
+    (clipped to the operator; the operator padded to whole blocks). `user`: the operator the
+    caller's arrays have, when `op` is its padded form (the padding passes are priced)."""
+    user = user or op
     b = op.params["shape"][0] if op.name == "batch_matmul" else 0
     M, N, K = op.params["shape"][-3:]
     bm, bn, bk = min(bm, _ceil(M, 8)), min(bn, _ceil(N, 128)), min(bk, _ceil(K, 128))
@@ -161,13 +164,13 @@ def gemm_plan_for(op, bm: int, bk: int, bn: int, source: str, passes: bool = Tru
     grid = (Axis("b", b or 1, "parallel", False), Axis("i", Mp // bm, "parallel", False),
             Axis("j", Np // bn, "parallel", False), Axis("k", Kp // bk, "arbitrary", True))
     kept = []
-    for t, shape in ((op.inputs[0], a.shape), (op.inputs[1], bb.shape)):
+    for t, shape in ((user.inputs[0], a.shape), (user.inputs[1], bb.shape)):
         if passes and t.shape != shape:
             size = dtype_bytes(t.dtype)
             kept.append(Pass(f"pad {t.name}", math.ceil(math.prod(t.shape) * size),
                                math.ceil(math.prod(shape) * size)))
-    if passes and out.shape != op.output.shape:
-        n = math.ceil(math.prod(op.output.shape) * dtype_bytes(op.out_dtype))
+    if passes and out.shape != user.output.shape:
+        n = math.ceil(math.prod(user.output.shape) * dtype_bytes(op.out_dtype))
         kept.append(Pass("crop out", n, n))
     dims = (((1,), (1,)) if tb else ((1,), (0,)), ((), ()))
     return Plan("gemm", grid, tuple(ins), out, (bm, bn), op.acc_dtype, (bm, bk, bn), dims,
@@ -207,14 +210,16 @@ def xla_model(op, m: Machine) -> tuple[Plan, KernelCost]:
         cands = [conv_plan_for(op, th, co, ci, int(m.params["tiling"][0]),
                                source="XLA (model)", passes=False)
                  for th in sorted({t for t in (1, 2, 4, 7, 8, 14, 16, 28, 32, 56, P) if t <= P})
-                 for co in (128, 256, 512) for ci in (128, 256, 512)
-                 if co <= _ceil(K, 128) * 2 and ci <= _ceil(C, 128) * 2]
+                 for co in sorted({128, 256, 512, _ceil(K, 128)}) if co <= _ceil(K, 128)
+                 for ci in sorted({128, 256, 512, C}) if ci <= max(C, 128)]
     else:
         M, Nn, K = op.params["shape"][-3:]
         cands = [gemm_plan_for(op, bm, bk, bn, source="XLA (model)", passes=False)
-                 for bm in (8, 16, 32, 64, 128, 256, 512, 1024, 2048) if bm <= _ceil(M, 8)
-                 for bk in (128, 256, 512, 1024, 2048) if bk <= _ceil(K, 128)
-                 for bn in (128, 256, 512, 1024, 2048) if bn <= _ceil(Nn, 128)]
+                 for bm in sorted({8, 16, 32, 64, 128, 256, 512, 1024, 2048, _ceil(M, 8)})
+                 if bm <= _ceil(M, 8)
+                 for bk in sorted({128, 256, 512, 1024, 2048, _ceil(K, 128)}) if bk <= _ceil(K, 128)
+                 for bn in sorted({128, 256, 512, 1024, 2048, _ceil(Nn, 128)})
+                 if bn <= _ceil(Nn, 128)]
     for plan in cands:
         if not _fits(plan, m):
             continue
@@ -222,3 +227,40 @@ def xla_model(op, m: Machine) -> tuple[Plan, KernelCost]:
         if best is None or cost.seconds < best[1].seconds:
             best = (plan, cost)
     return best
+
+
+# -- knobs chosen by the model -------------------------------------------------------------------
+TILE_KNOBS = {"conv2d": ("h_inner", "w_inner", "co_inner", "ci_inner"),
+              "gemm": ("m_inner", "n_inner", "k_inner")}
+
+
+def choose_knobs(op, m: Machine, schedule_fn, plan_of) -> dict:
+    """The values of the schedule's tile knobs that minimize `kernel_cost` of the kernel they
+    give (exhaustive over those knobs' spaces; the others keep their defaults). `plan_of(s)`
+    is the plan of a recorded schedule `s` (GEMMs: priced by the public-structure plan with the
+    schedule's tiles, so no lowering is needed)."""
+    import itertools
+
+    from ...errors import TSLError
+    from ...primitives.schedule import Schedule
+
+    probe = Schedule(op, m)
+    schedule_fn(probe)
+    names = [k for k in TILE_KNOBS["conv2d" if op.name == "conv2d" else "gemm"]
+             if k in probe.space]
+    best = None
+    for values in itertools.product(*[probe.space[k] for k in names]):
+        knobs = dict(zip(names, values))
+        try:
+            s = Schedule(op, m, knobs)
+            schedule_fn(s)
+            s.validate()
+            plan = plan_of(s)
+        except TSLError:
+            continue
+        if not _fits(plan, m):
+            continue
+        t = kernel_cost(plan, m).seconds
+        if best is None or t < best[0]:
+            best = (t, knobs)
+    return best[1] if best else {}

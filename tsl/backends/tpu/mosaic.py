@@ -78,7 +78,8 @@ def _body(plan: Plan):
                                           col_ref.dtype)
         for r in range(cv["R"]):
             for s in range(cv["S"]):
-                win = x_ref[0, pl.ds(r * dl, th, stride=st) if st > 1 else pl.ds(r * dl, th),
+                win = x_ref[pl.ds(0, 1),
+                            pl.ds(r * dl, th, stride=st) if st > 1 else pl.ds(r * dl, th),
                             pl.ds(s * dl, Q, stride=st) if st > 1 else pl.ds(s * dl, Q), :]
                 t = r * cv["S"] + s
                 col_ref[:rows, t * ci:(t + 1) * ci] = win.reshape(rows, ci)

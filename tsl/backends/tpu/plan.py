@@ -423,9 +423,9 @@ def _contraction(leaf: _Leaf, a: Block, b: Block, acc_name: str):
 
 
 # -- conv2d: the TPU mapping ----------------------------------------------------------------------
-def conv_tiles(s) -> dict:
-    """The tiles of the shared conv schedule, per operator axis: what the accumulator tile and
-    the staged input tile span (the extents of the loops inside where each is staged)."""
+def stage_tiles(s) -> dict:
+    """The tiles of a recorded schedule per (operand, level role), per operator axis: what
+    each staged tile spans (the extents of the loops inside where it is staged)."""
     out = {}
     for st in s.stages:
         inner = s.loops[s.loops.index(st.at) + 1:]
@@ -442,7 +442,7 @@ def conv_plan(s, row_group: int) -> Plan:
     accumulator tile's pixels (its oh x ow extents) become whole output rows, th =
     ceil(pixels / OW) (at most OH); its channels are the output-channel block; the staged input
     tile's channels the input-channel block. See `conv_plan_for`."""
-    tiles = conv_tiles(s)
+    tiles = stage_tiles(s)
     acc = tiles.get(("C", "accumulator"))
     a_t = tiles.get(("A", "scratchpad"))
     if acc is None or a_t is None:
