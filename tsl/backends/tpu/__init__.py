@@ -44,6 +44,7 @@ class TPUBackend(Backend):
         try:
             if emitter == "stablehlo":
                 check_vmem(schedule)
+                check_while_loop_nest(schedule)
                 return TPUArtifact(schedule, ctx)
             plan = kernel_plan(schedule, ctx)
         except TSLError:
@@ -83,6 +84,25 @@ class TPUBackend(Backend):
                 dense(128, 768, 3072, epilogue=bias() + relu(), **bf16),
                 matmul(1024, 1024, 1024, dtype="int8"),
                 conv2d(1, 128, 58, 58, 128, 3, 3, layout="NHWC", **bf16)]
+
+
+def check_while_loop_nest(s) -> None:
+    """The while-loop emitter zeroes the accumulator tile at the first reduction loop, so every
+    loop between the accumulator's staging and the reduction must have one iteration."""
+    c_at = next((st.at for st in s.stages if st.operand == "C"), None)
+    if c_at is None:
+        return
+    between = []
+    for lp in s.loops[s.loops.index(c_at) + 1:]:
+        if any(s.role_of(a) == "k" for a in lp.axes):
+            break
+        if lp.extent > 1:
+            between.append(lp.name)
+    if between:
+        raise ScheduleError(f"emitter='stablehlo' cannot split the accumulator tile of {s.op} "
+                            f"over loops {between} between its staging ({c_at.name}) and the "
+                            f"reduction; build with the default emitter (the Mosaic kernel), or "
+                            f"give those loops one iteration (e.g. h_inner=1)")
 
 
 def check_hbm(schedule) -> None:
