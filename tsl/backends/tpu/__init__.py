@@ -29,9 +29,8 @@ class TPUBackend(Backend):
         return None  # emitting needs no jax; running says what to install
 
     def check(self, schedule) -> None:
-        """Limits beyond the TAM, for the model's knob search: the arrays within HBM, the
-        tiles within the scoped VMEM budget."""
-        check_hbm(schedule)
+        """Limits beyond the TAM, for the model's knob search: the tiles within the scoped VMEM
+        budget. (The arrays' HBM need is checked at build: no knob changes it much.)"""
         check_vmem(schedule)
 
     def build(self, schedule, emitter: str = "mosaic", **options):

@@ -235,8 +235,8 @@ TILE_KNOBS = {"conv2d": ("h_inner", "w_inner", "co_inner", "ci_inner"),
 
 
 def choose_knobs(op, m: Machine, schedule_fn, plan_of) -> dict:
-    """The values of the schedule's tile knobs that minimize `kernel_cost` of the kernel they
-    give (exhaustive over those knobs' spaces; the others keep their defaults). `plan_of(s)`
+    """Every knob of the schedule: the tile knobs' values that minimize `kernel_cost` of the
+    kernel they give (exhaustive over those knobs' spaces), the others at their first choice. `plan_of(s)`
     is the plan of a recorded schedule `s` (GEMMs: priced by the public-structure plan with the
     schedule's tiles, so no lowering is needed)."""
     import itertools
@@ -262,5 +262,5 @@ def choose_knobs(op, m: Machine, schedule_fn, plan_of) -> dict:
             continue
         t = kernel_cost(plan, m).seconds
         if best is None or t < best[0]:
-            best = (t, knobs)
+            best = (t, dict(s.knob_values))
     return best[1] if best else {}
