@@ -40,7 +40,7 @@ ENTRY_DIMS = {"inp": 1, "wgt": 2, "acc": 1}  # trailing buffer dims that make on
 MEM_OF = {"inp": Mem.INP, "wgt": Mem.WGT, "acc": Mem.ACC}
 ITER_MAX = (1 << 14) - 1
 DONE = [("done", 0, 1)]  # a pseudo scratchpad: STOREs write it, FINISH reads it
-MAX_HAZARD_SPLIT = 16  # most instructions one GEMM may be split into to avoid the ACC hazard
+HAZARD_DISTANCE = 2  # a GEMM uop may not write an ACC entry one of the 2 uops before it wrote
 DRAM_ALIGN = 4096  # every kernel argument starts on this byte boundary (a multiple of any entry)
 
 
@@ -366,6 +366,7 @@ class _Emitter:
         self.defining = {}  # scratchpad buffer -> the leaf that defines its tile
         self.chain_root = {}  # a leaf's outermost own loop -> the leaf
         self.bias_entries = 0
+        self.scratch_zeroed = set()  # threads whose hazard-padding ACC entries are zeroed
         self._index(kernel.root)
         self.depth = {"inp": config.inp_depth, "wgt": config.wgt_depth, "acc": config.acc_depth}
 
@@ -535,7 +536,7 @@ class _Emitter:
         forms = [self.local(*leaf.access[r], env, tid)[1] for r in ("acc", "inp", "wgt")]
         self.loop_insn(leaf.chain, forms, lambda *a: Gemm(False, *a),
                        reads=[("acc", 0), ("inp", 1), ("wgt", 2)], writes=[("acc", 0)],
-                       acc_hazard=True)
+                       tid=tid, acc_hazard=True)
 
     def leaf_epilogue(self, leaf, env, tid):
         c = self.c
@@ -578,36 +579,35 @@ class _Emitter:
         return Aff(sram, {l: v // c.block_out for l, v in bidx.loops().items() if l in chain})
 
     # -- loop folding ------------------------------------------------------------------------
-    def loop_insn(self, chain, forms, make, reads, writes, acc_hazard=False):
+    def loop_insn(self, chain, forms, make, reads, writes, tid=0, acc_hazard=False):
         """GEMM/ALU instructions for the leaf's loops: loops that walk contiguously are merged,
         the two outermost left become iter_out and iter_in, the rest a uop kernel (of at most a
         quarter of the UOP buffer; loops outside that are issued as separate instructions).
         `reads`/`writes` name the scratchpad each uop column (dst, src, wgt) indexes.
-        `acc_hazard` (multiply-accumulate GEMMs): no uop may write an ACC entry that one of the
-        two uops before it in the same instruction wrote (see `_hazard_free`)."""
+        `acc_hazard` (multiply-accumulate GEMMs of thread `tid`): no uop may write an ACC entry
+        that one of the two uops before it in the same instruction wrote (`_hazard_free`)."""
         loops = [(l.extent, [f.terms.get(l, 0) for f in forms]) for l in chain
                  if l.extent > 1 and any(f.terms.get(l) for f in forms)]
         if any(not isinstance(l, LoopNode) for f in forms for l in f.terms):
             raise LoweringError("a scratchpad address is not affine in the instruction's loops")
-        plan = self._plan(_merge(loops), forms)
-        if acc_hazard and not _hazard_free(*plan[1:]):
-            plan = self._hazard_free_plan(loops, forms)
-        emitted, (eo, co), (ei, ci), grid = plan
+        emitted, (eo, co), (ei, ci), grid = self._plan(_merge(loops), forms)
+        real = np.ones(len(grid), dtype=bool)
+        if acc_hazard and not _hazard_free((eo, co), (ei, ci), grid):
+            emitted, (eo, co), (ei, ci), grid, real = self._hazard_free_plan(loops, forms, tid)
         reach = np.array([(eo - 1) * a + (ei - 1) * b for a, b in zip(co, ci)])
         for pos in itertools.product(*[range(e) for e, _ in emitted]):
             uops = grid + sum((np.array(c) * p for (_, c), p in zip(emitted, pos)),
                               np.zeros(3, dtype=np.int64))
             lo, hi = self.uop_kernel(uops)
             insn = make(lo, hi, eo, ei, co[0], ci[0], co[1], ci[1], co[2], ci[2])
-            first, last = uops.min(axis=0), uops.max(axis=0) + reach + 1
+            first, last = uops[real].min(axis=0), uops[real].max(axis=0) + reach + 1
             self.out.append(_Insn(insn, [(m, int(first[i]), int(last[i])) for m, i in reads],
                                   [(m, int(first[i]), int(last[i])) for m, i in writes]))
 
-    def _plan(self, loops, forms, emit=0):
+    def _plan(self, loops, forms):
         """(loops issued as separate instructions, (iter_out extent, coefficients), (iter_in
-        ...), the uop kernel as an (n, 3) array of dst, src, wgt) for loops in nest order; at
-        least the `emit` outermost loops are issued separately."""
-        k = emit
+        ...), the uop kernel as an (n, 3) array of dst, src, wgt) for loops in nest order."""
+        k = 0
         while math.prod(e for e, _ in loops[k + 2:]) > self.c.uop_depth // 4:
             k += 1
         emitted, iters, kern = loops[:k], loops[k:k + 2], loops[k + 2:]
@@ -619,32 +619,52 @@ class _Emitter:
         grid += np.array([f.const for f in forms], dtype=np.int64)
         return emitted, iters[0], iters[1], grid
 
-    def _hazard_free_plan(self, loops, forms):
-        """A plan of the same uop executions without the accumulator hazard. Every uop of a
-        GEMM adds into its own ACC entry, so the order of the loops is free: the reduction
-        loops (which keep the ACC entry) go outermost, so that consecutive uops walk the tile's
-        distinct entries. A tile of fewer than 3 entries cannot separate its uops that way;
-        then each step of the reduction becomes its own instruction (the pipeline drains
-        between instructions), up to MAX_HAZARD_SPLIT of them, else the tile is refused."""
-        red = [lp for lp in loops if lp[1][0] == 0]
-        spatial = [lp for lp in loops if lp[1][0] != 0]
-        plan = self._plan(_merge(red) + _merge(spatial), forms)
-        if _hazard_free(*plan[1:]):
-            return plan
-        entries, steps = math.prod(e for e, _ in spatial), math.prod(e for e, _ in red)
-        if steps > MAX_HAZARD_SPLIT:
-            raise ScheduleError(
-                f"{self.op}: the accumulator tile has {entries} entr"
-                f"{'y' if entries == 1 else 'ies'} and {steps} reduction steps per GEMM; VTA "
-                "may not issue a GEMM uop into an ACC entry one of the two previous uops wrote "
-                "(docs/vta.md §4), which needs >= 3 entries per tile, or one instruction per "
-                f"reduction step (more than {MAX_HAZARD_SPLIT} here); use a larger accumulator "
-                "tile (m_inner / n_inner, or w_inner / co_inner / h_inner) or a smaller "
-                "reduction tile (k_inner / ci_inner)")
-        plan = self._plan(_merge(red) + _merge(spatial), forms, emit=len(_merge(red)))
-        if not _hazard_free(*plan[1:]):
+    def _hazard_free_plan(self, loops, forms, tid):
+        """The same multiply-accumulates without the accumulator hazard, plus a mask of the uops
+        that are real. Every uop adds into its own ACC entry, so the loop order is free: the
+        reduction loops (which keep the ACC entry) go outermost and the tile's distinct entries
+        innermost, in the uop kernel. A tile of fewer than 3 entries cannot separate its uops
+        that way: its kernel is padded to 3 uops per reduction step with uops that accumulate
+        into scratch ACC entries of the thread (`scratch`), which nothing reads; the cycle
+        model counts them, which is what the stall costs."""
+        red = _merge([lp for lp in loops if lp[1][0] == 0])
+        spatial = _merge([lp for lp in loops if lp[1][0] != 0])
+        entries = math.prod(e for e, _ in spatial)
+        pad = max(0, HAZARD_DISTANCE + 1 - entries)
+        # The reduction loops fill the loop positions; the tile's entries stay in the kernel.
+        ordered = [(1, [0, 0, 0])] * max(0, 2 - len(red)) + red + spatial
+        emitted, outer, inner, grid = self._plan(ordered, forms)
+        real = np.ones(len(grid), dtype=bool)
+        if pad:
+            blocks = grid.reshape(-1, entries, 3)
+            fill = np.repeat(blocks[:, :1, :], pad, axis=1)
+            fill[:, :, 0] = self.scratch(tid, pad)[None, :]
+            grid = np.concatenate([blocks, fill], axis=1).reshape(-1, 3)
+            real = np.concatenate([np.ones((len(blocks), entries), bool),
+                                   np.zeros((len(blocks), pad), bool)], axis=1).reshape(-1)
+        if not _hazard_free(outer, inner, grid):
             raise LoweringError(f"{self.op}: no GEMM uop order avoids the accumulator hazard")
-        return plan
+        return emitted, outer, inner, grid, real
+
+    def scratch(self, tid, n) -> np.ndarray:
+        """`n` ACC entries of thread `tid` that hazard-padding uops accumulate into: right
+        below the bias entries at the end of the thread's share, zeroed (by a reset GEMM) the
+        first time the thread uses them, so that no uop reads an entry nothing wrote."""
+        share = self.c.acc_depth // self.threads
+        base = (tid + 1) * share - self.bias_entries - HAZARD_DISTANCE
+        tiles = max((math.prod(self.tile(b)[3]) for b in self.defining
+                     if b.scope().split(".")[-1] == "acc"), default=0)
+        if base < tid * share + tiles:
+            raise ScheduleError(f"{self.op}: the accumulator tile leaves no room for the "
+                                f"{HAZARD_DISTANCE} scratch ACC entries that a tile of fewer "
+                                f"than {HAZARD_DISTANCE + 1} entries needs; use smaller tiles")
+        if tid not in self.scratch_zeroed:
+            self.scratch_zeroed.add(tid)
+            lo, hi = self.uop_kernel(np.array([[base + j, 0, 0] for j in
+                                               range(HAZARD_DISTANCE)], dtype=np.int64))
+            self.out.append(_Insn(Gemm(True, lo, hi, 1, 1, 0, 0, 0, 0, 0, 0), [],
+                                  [("acc", base, base + HAZARD_DISTANCE)]))
+        return base + np.arange(n)
 
     def uop_kernel(self, uops) -> tuple[int, int]:
         """[begin, end) of `uops` in the UOP buffer, loading them (LOAD UOP) unless already
@@ -672,7 +692,7 @@ def _hazard_free(outer, inner, grid) -> bool:
     (eo, co), (ei, ci) = outer, inner
     off = (np.arange(eo)[:, None] * co[0] + np.arange(ei)[None, :] * ci[0]).ravel()
     seq = (off[:, None] + grid[None, :, 0]).ravel()
-    return not ((seq[1:] == seq[:-1]).any() or (seq[2:] == seq[:-2]).any())
+    return not any((seq[d:] == seq[:-d]).any() for d in range(1, HAZARD_DISTANCE + 1))
 
 
 IMM_BITS = 16  # the ALU immediate: signed 16-bit (docs/vta.md §2)
