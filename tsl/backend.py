@@ -25,8 +25,18 @@ class Backend:
     name: str = ""
     default_machine: str = ""
 
-    def unavailable(self, machine: Machine) -> str | None:
-        """Why this back end cannot build for `machine` here (None when it can)."""
+    def default(self) -> Machine:
+        """The machine the back end's name means (a CPU back end: the host's)."""
+        return load(self.default_machine)
+
+    def for_host(self, machine: Machine) -> Machine:
+        """`machine` as this back end runs it here (a CPU back end: the host's core count and
+        caches when the host runs it)."""
+        return machine
+
+    def unavailable(self, machine: Machine, **options) -> str | None:
+        """Why this back end cannot build for `machine` here with these build options (None
+        when it can)."""
         return None
 
     def build(self, schedule, **options):
@@ -62,9 +72,10 @@ def resolve_target(target: str | Machine) -> tuple[Backend, Machine]:
         return get_backend(target.backend), target
     if target in registry():
         be = get_backend(target)
-        return be, load(be.default_machine)
+        return be, be.default()
     machine = load(target)
-    return get_backend(machine.backend), machine
+    be = get_backend(machine.backend)
+    return be, be.for_host(machine)
 
 
 def targets() -> list[str]:

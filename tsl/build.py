@@ -34,7 +34,7 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
     """Compile `op` for `target` with `schedule` (a function of a `tsl.Schedule`; default: the
     operator's default schedule) and `knobs` (values for the schedule's knobs)."""
     backend, machine = resolve_target(target)
-    why = backend.unavailable(machine)
+    why = backend.unavailable(machine, **options)
     if why:
         raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
     return backend.build(record(op, machine, schedule, knobs), **options)

@@ -81,6 +81,10 @@ class TensorPrimitive:
     macs_per_cycle: float = 0.0  # per instance of the compute level that issues it
     latency: int = 1
     issued_by: str | None = None  # compute level name; default: the innermost one
+    # How a back end emits the primitive: an instruction kind it knows (e.g. a CPU's "fma",
+    # "dot4", "madd2") and, where the kind needs one, the target intrinsic it calls.
+    instruction: str = ""
+    intrinsic: str = ""
 
     @property
     def shape(self) -> tuple[int, int, int]:

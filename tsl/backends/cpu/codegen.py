@@ -1,4 +1,4 @@
-"""Lowered TIR -> an LLVM module for the host."""
+"""Lowered TIR -> an LLVM module for the host (or, cross-compiled, for another CPU)."""
 
 from __future__ import annotations
 
@@ -7,32 +7,44 @@ from functools import cache
 from ...errors import BackendUnavailable, LoweringError
 
 
-@cache
-def host_cpu() -> str:
-    from tvm.target import codegen
-
-    return codegen.llvm_get_system_cpu()
-
-
-def missing_features(required) -> list[str]:
-    import tvm
-    from tvm.target import codegen
-
-    tgt = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()})
-    return [f for f in required if not codegen.llvm_cpu_has_features(f, tgt)]
-
-
-def target(machine):
+def target(machine, cross: bool = False):
+    """The LLVM target for `machine`: the host's CPU (for its scheduling model) with every
+    vector extension that another CPU machine file of the arch needs and this one does not
+    switched off, so that a machine's code runs on any host that has its `require` features.
+    `cross`: the file's `mtriple`, `mcpu` and `require` features, for a machine this host
+    does not run (compile only)."""
     import tvm
 
-    mcpu = machine.params.get("mcpu", "native")
-    missing = missing_features(machine.params.get("require", []))
-    if missing:
-        raise BackendUnavailable(f"machine {machine.name} needs CPU features {missing}, which "
-                                 f"this host ({host_cpu()}) lacks; use a machine file without "
-                                 f"them in [params] require")
-    return tvm.target.Target({"kind": "llvm", "mcpu": host_cpu() if mcpu == "native" else mcpu,
+    from ...tam import detect
+
+    need = list(machine.params.get("require", []))
+    if cross:
+        if "mtriple" not in machine.params:
+            raise BackendUnavailable(f"machine {machine.name} cannot be cross-compiled: its "
+                                     f"file has no [params] mtriple")
+        return tvm.target.Target({"kind": "llvm", "mtriple": machine.params["mtriple"],
+                                  "mcpu": machine.params.get("mcpu", "generic"),
+                                  "mattr": [f"+{f}" for f in need],
+                                  "num-cores": machine.cores()})
+    lacks = detect.missing(machine)
+    if lacks:
+        raise BackendUnavailable(unavailable_message(machine, lacks))
+    arch = machine.params.get("arch")
+    others = {f for m in detect.cpu_machines() if m.params.get("arch") == arch
+              for f in m.params.get("require", [])}
+    off = sorted(others - set(need))
+    return tvm.target.Target({"kind": "llvm", "mcpu": detect.host().llvm_cpu,
+                              "mattr": [f"-{f}" for f in off] + [f"+{f}" for f in need],
                               "num-cores": machine.cores()})
+
+
+def unavailable_message(machine, lacks) -> str:
+    from ...tam import detect
+
+    runs = [m.name for m in detect.runnable()]
+    return (f"this host ({detect.host().llvm_cpu}) cannot run machine {machine.name}: it lacks "
+            f"{lacks}; machines it runs: {runs or 'none built in'} (target='cpu' picks the "
+            f"best); tsl.build(..., cross=True) compiles for {machine.name} without running")
 
 
 # Tiles up to this size live on the stack. TVM moves every CPU allocation above 1 KiB to a
@@ -75,10 +87,10 @@ def _register_pipeline() -> None:
     tirx.register_tir_pipeline(PIPELINE, factory)
 
 
-def compile_module(mod, machine):
+def compile_module(mod, machine, cross: bool = False):
     import tvm
 
-    tgt = target(machine)
+    tgt = target(machine, cross)
     _register_pipeline()
     try:
         return tvm.compile(mod, target=tgt, tir_pipeline=PIPELINE)

@@ -1,53 +1,119 @@
-"""Tensor intrinsics of the CPU back end, registered with s_tir on first use.
+"""The instruction kinds the CPU back end can emit for a tensor primitive.
+
+A machine file names the kind (`instruction`) and, where the kind calls one, the LLVM
+intrinsic (`intrinsic`); lanes and dtypes come from the primitive's shape and types. No
+primitive or machine name appears here: a CPU variant with other lanes, registers or another
+intrinsic of a known kind is one more TOML file.
+
+* ``vector``  C[n] += A * B[n] with the n-loop vectorized (fp32 FMA, bf16 through fp32, int8
+  widened to int32): LLVM picks the instruction. k = 1.
+* ``dot4``    C[n] (int32) += sum of 4 int8 products per lane: x86 ``vpdpbusd`` (A unsigned,
+  B signed), AArch64 ``sdot`` (both signed). The intrinsic takes (acc <n x i32>, a <4n x i8>,
+  b <4n x i8>). k = 4.
+* ``madd2``   C[n] (int32) += sum of 2 int16 products per lane, the int8 operands sign-extended:
+  x86 ``vpmaddwd``, exact on the full int8 range (``vpmaddubsw`` saturates, and is not used).
+  The intrinsic takes (a <2n x i16>, b <2n x i16>) and returns <n x i32>. k = 2.
 
 Written here rather than imported from `tvm.s_tir.tensor_intrin.x86`: importing that package
-loads every back end's intrinsics (about 18 s), and its `dot_16x4_vnni` fails LLVM 22's verifier
-(the vpdpbusd operands must be <64 x i8>).
+loads every back end's intrinsics (about 18 s), and its `dot_16x4_vnni` fails LLVM 22's verifier.
 """
 
 from __future__ import annotations
 
 from functools import cache
 
-VNNI_16x4 = "tsl_cpu_vnni_16x4_u8i8i32"
+from ...errors import TAMError
+
+# kind -> (k the kind reduces per lane, whether it calls an intrinsic)
+KINDS = {"vector": (1, False), "dot4": (4, True), "madd2": (2, True)}
+INT_KINDS = ("dot4", "madd2")
+
+
+def check(machine, p) -> str:
+    """The kind of primitive `p`, after checking that its shape and types suit that kind."""
+    kind = p.instruction or "vector"
+    where = f"{machine.source or machine.name}: [primitive {p.name!r}]"
+    if kind not in KINDS:
+        raise TAMError(f"{where} key 'instruction': the CPU back end knows instruction kinds "
+                       f"{sorted(KINDS)}, not {kind!r}")
+    k, needs_intrinsic = KINDS[kind]
+    if p.m != 1 or p.k != k:
+        raise TAMError(f"{where}: instruction {kind!r} works on m = 1 and k = {k}; the "
+                       f"primitive says m = {p.m}, k = {p.k}")
+    if needs_intrinsic and not p.intrinsic:
+        raise TAMError(f"{where} key 'intrinsic': instruction {kind!r} needs the LLVM intrinsic "
+                       f"it calls (e.g. llvm.x86.avx512.vpdpbusd.512)")
+    if kind in INT_KINDS and (p.acc_dtype != "int32" or p.b_dtype != "int8"
+                              or p.a_dtype not in ("int8", "uint8")):
+        raise TAMError(f"{where}: instruction {kind!r} takes int8/uint8 x int8 -> int32, not "
+                       f"{p.a_dtype} x {p.b_dtype} -> {p.acc_dtype}")
+    if kind == "madd2" and p.a_dtype != "int8":
+        raise TAMError(f"{where} key 'a_dtype': instruction 'madd2' sign-extends both operands; "
+                       f"A must be int8, not {p.a_dtype}")
+    return kind
+
+
+def lowering(machine, p) -> str:
+    """"vector", or the name of the TensorIntrin registered for primitive `p`."""
+    kind = check(machine, p)
+    if kind == "vector":
+        return kind
+    return register(kind, p.n, p.a_dtype, p.intrinsic)
 
 
 @cache
-def register() -> None:
+def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
     from tvm import s_tir
     from tvm.script import tirx as T
 
+    k = KINDS[kind][0]
+    name = f"tsl_cpu_{kind}_{n}x{k}_{a_dtype}_{intrinsic}"
+
     @T.prim_func(s_tir=True)
-    def desc(A: T.Buffer((4,), "uint8", offset_factor=1),
-             B: T.Buffer((16, 4), "int8", offset_factor=1),
-             C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
+    def desc(A: T.Buffer((k,), a_dtype, offset_factor=1),
+             B: T.Buffer((n, k), "int8", offset_factor=1),
+             C: T.Buffer((n,), "int32", offset_factor=1)) -> None:
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            for i in T.serial(0, 16):
-                for k in T.serial(0, 4):
+            T.reads(C[0:n], A[0:k], B[0:n, 0:k])
+            T.writes(C[0:n])
+            for i in T.serial(0, n):
+                for kk in T.serial(0, k):
                     with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
+                        vi, vk = T.axis.remap("SR", [i, kk])
                         C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
 
-    @T.prim_func(s_tir=True)
-    def impl(A: T.Buffer((4,), "uint8", offset_factor=1),
-             B: T.Buffer((16, 4), "int8", offset_factor=1),
-             C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            # One expression: named temporaries would become buffers written every call.
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C.vload([0], dtype="int32x16"),
-                T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"),
-                                          16), dtype="int8x64"),
-                B.vload([0, 0], dtype="int8x64"), dtype="int32x16")
+    # Each impl is one expression: named temporaries would become buffers written every call.
+    if kind == "dot4":
+        @T.prim_func(s_tir=True)
+        def impl(A: T.Buffer((k,), a_dtype, offset_factor=1),
+                 B: T.Buffer((n, k), "int8", offset_factor=1),
+                 C: T.Buffer((n,), "int32", offset_factor=1)) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:n], A[0:k], B[0:n, 0:k])
+                T.writes(C[0:n])
+                C[T.ramp(T.int32(0), 1, n)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(intrinsic),
+                    C.vload([0], dtype=f"int32x{n}"),
+                    T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"),
+                                                            dtype="int32"), n),
+                                  dtype=f"int8x{4 * n}"),
+                    B.vload([0, 0], dtype=f"int8x{4 * n}"), dtype=f"int32x{n}")
+    else:
+        @T.prim_func(s_tir=True)
+        def impl(A: T.Buffer((k,), a_dtype, offset_factor=1),
+                 B: T.Buffer((n, k), "int8", offset_factor=1),
+                 C: T.Buffer((n,), "int32", offset_factor=1)) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:n], A[0:k], B[0:n, 0:k])
+                T.writes(C[0:n])
+                C[T.ramp(T.int32(0), 1, n)] = C.vload([0], dtype=f"int32x{n}") + \
+                    T.call_llvm_pure_intrin(
+                        T.llvm_lookup_intrinsic_id(intrinsic),
+                        T.reinterpret(T.broadcast(T.reinterpret(
+                            T.Cast("int16x2", A.vload([0], "int8x2")), dtype="int32"), n),
+                            dtype=f"int16x{2 * n}"),
+                        T.Cast(f"int16x{2 * n}", B.vload([0, 0], dtype=f"int8x{2 * n}")),
+                        dtype=f"int32x{n}")
 
-    s_tir.TensorIntrin.register(VNNI_16x4, desc, impl, override=True)
-
-
-# Primitive name in the machine file -> how it is lowered: a registered TensorIntrin, or
-# "vector" (the n-loop vectorized into FMAs, the m- and k-loops unrolled around it).
-LOWERING = {"vnni_1x16x4": VNNI_16x4, "fma_1x16x1_f32": "vector", "fma_1x16x1_bf16": "vector"}
+    s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name

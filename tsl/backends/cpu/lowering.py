@@ -14,7 +14,9 @@ class CPULowering(Lowering):
         super().__init__(machine)
         self.primitive = primitive
         self.a_dtype = "uint8" if primitive is not None and primitive.a_dtype == "uint8" else None
-        self.how = intrinsics.LOWERING.get(primitive.name) if primitive is not None else None
+        self.how = intrinsics.lowering(machine, primitive) if primitive is not None else None
+        lane = machine.compute_level("lane")
+        self.lanes = lane.count if lane else 4
 
     def layout(self, ctx: LowerContext, operand: str, layout: str) -> Blocked | None:
         """B (weights) in blocks of the register tile's width, and of the primitive's k when
@@ -67,8 +69,8 @@ class CPULowering(Lowering):
         """Unroll the register tile, map the primitive (a TensorIntrin, or the n-loop vectorized
         into FMAs) and zero the accumulator once per tile, outside the reduction."""
         if self.how is None:
-            raise LoweringError(f"the CPU back end has no lowering for primitive {prim.name}; "
-                                f"known: {sorted(intrinsics.LOWERING)}")
+            raise LoweringError(f"machine {self.machine.name} has no tensor primitive to lower "
+                                f"{prim.name} with")
         sch, s = ctx.sch, ctx.tsl
         order = s.loops
         t = order.index(loop)
@@ -88,7 +90,6 @@ class CPULowering(Lowering):
             ctx.blocks["C_init"] = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
             return
         ctx.blocks["C_init"] = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
-        intrinsics.register()
         sch.tensorize(ctx.rv(inner[0]), self.how)
 
     def finalize(self, ctx: LowerContext) -> None:
@@ -117,11 +118,10 @@ class CPULowering(Lowering):
         except Exception:  # noqa: BLE001 - s_tir raises its own error for a missing block
             return False
 
-    @staticmethod
-    def _vectorize_innermost(sch, blk) -> None:
+    def _vectorize_innermost(self, sch, blk) -> None:
         inner = sch.get_loops(blk)[-1]
         ext = int(sch.get(inner).extent)
-        if ext % 16 == 0 and ext > 16:
-            _, inner = sch.split(inner, [None, 16])
+        if ext % self.lanes == 0 and ext > self.lanes:
+            _, inner = sch.split(inner, [None, self.lanes])
         if ext >= 4:
             sch.vectorize(inner)

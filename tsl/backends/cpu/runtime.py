@@ -49,10 +49,18 @@ class Estimate:
 class CPUArtifact(Artifact):
     target = "cpu"
 
-    def __init__(self, schedule, ctx, executable):
+    def __init__(self, schedule, ctx, executable, cross: bool = False):
         super().__init__(schedule, ctx)
         self.executable = executable
-        self._dev = None
+        self.cross = cross
+
+    def _runnable(self) -> None:
+        if self.cross:
+            from ...errors import BackendUnavailable
+
+            raise BackendUnavailable(f"this artifact was cross-compiled for {self.machine.name} "
+                                     f"({self.machine.params.get('mtriple')}); export it or "
+                                     f"build it without cross=True on such a host to run it")
 
     def _tensors(self, packed):
         import tvm
@@ -64,6 +72,7 @@ class CPUArtifact(Artifact):
         return args
 
     def _execute(self, packed):
+        self._runnable()
         set_threads(self.machine.cores())
         args = self._tensors(packed)
         self.executable(*args)
@@ -73,6 +82,7 @@ class CPUArtifact(Artifact):
         """Median seconds of one kernel call (inputs already padded and packed)."""
         import tvm
 
+        self._runnable()
         set_threads(self.machine.cores())
         args = self._tensors(self.prepare(arrays))
         f = self.executable.jit().time_evaluator("main", tvm.cpu(0), number=number,

@@ -19,7 +19,7 @@ class TensorCoreBackend(Backend):
     name = "cuda_tensorcore"
     default_machine = "tensorcore-sm90"
 
-    def unavailable(self, machine) -> str | None:
+    def unavailable(self, machine, **options) -> str | None:
         return None  # CUDA source is generated without a GPU; nvcc is checked where needed
 
     def build(self, schedule, **options) -> TensorCoreArtifact:

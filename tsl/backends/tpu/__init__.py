@@ -15,7 +15,7 @@ class TPUBackend(Backend):
     name = "tpu"
     default_machine = "tpu-v5e"
 
-    def unavailable(self, machine) -> str | None:
+    def unavailable(self, machine, **options) -> str | None:
         return None  # emitting needs no jax; running says what to install
 
     def build(self, schedule, **options) -> TPUArtifact:

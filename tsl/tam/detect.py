@@ -1,0 +1,256 @@
+"""The host CPU: what it can execute, and which built-in CPU machine file fits it best.
+
+`detect()` reads the host (LLVM's view of its CPU, checked against the operating system's, so a
+virtual machine that hides AVX-512 is believed; core count from the scheduler's affinity; cache
+sizes from sysfs) and returns the best built-in CPU machine whose `[params] require` features
+the host has, specialized to the host: its core count, its cache capacities and peaks scaled to
+those cores. `TSL_CPU=<name or path>` forces a machine instead. A CPU machine file says, in
+`[params]`, `arch` (the `uname -m` it runs on), `require` (LLVM feature names), optionally
+`cpus` (LLVM CPU names it was measured on: preferred for them) and `mtriple` (for
+cross-compiling).
+
+Hardware-cache levels (`managed = false`) map to the host's caches innermost first: the
+innermost such level is the L1 data cache, the next the L2, and so on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from ..errors import BackendUnavailable
+from .loader import builtin_names, load
+from .machine import Machine
+
+# LLVM feature name -> the flag the OS reports for it, where the two differ (Linux /proc/cpuinfo
+# on x86 and AArch64). A feature whose flag the OS does not report is not used.
+OS_FLAG = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16", "avxvnni": "avx_vnni",
+           "amx-int8": "amx_int8", "amx-bf16": "amx_bf16", "amx-tile": "amx_tile",
+           "sse4.1": "sse4_1", "sse4.2": "sse4_2", "neon": "asimd", "dotprod": "asimddp",
+           "fp-armv8": "fp", "fullfp16": "asimdhp"}
+ENV = "TSL_CPU"
+
+
+@dataclass(frozen=True)
+class Cache:
+    level: int
+    bytes: int
+    shared_by: int  # logical CPUs sharing one instance
+
+
+@dataclass(frozen=True)
+class HostCPU:
+    arch: str  # platform.machine(): "x86_64", "aarch64", "arm64"
+    model: str  # the OS's model name
+    llvm_cpu: str  # LLVM's name for it ("znver3", "sapphirerapids", "neoverse-v1")
+    features: frozenset[str]  # LLVM feature names the host and its OS provide
+    cores: int
+    caches: tuple[Cache, ...]  # data and unified caches, innermost first
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
+
+    def cache(self, level: int) -> Cache | None:
+        return next((c for c in self.caches if c.level == level), None)
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The machine `target="cpu"` means here, and why."""
+
+    machine: Machine
+    host: HostCPU
+    reasons: tuple[str, ...]
+
+    def __str__(self) -> str:
+        h = self.host
+        caches = ", ".join(f"L{c.level} {_size(c.bytes)}" for c in h.caches) or "unknown"
+        return "\n".join([f"cpu -> {self.machine.name}  ({self.machine.source})",
+                          f"  host: {h.model or '?'} ({h.arch}, LLVM cpu {h.llvm_cpu}), "
+                          f"{h.cores} cores, caches {caches}"] +
+                         [f"  {r}" for r in self.reasons])
+
+
+def _arch(name: str) -> str:
+    return {"arm64": "aarch64", "amd64": "x86_64", "AMD64": "x86_64"}.get(name, name)
+
+
+def _os_flags() -> set[str] | None:
+    """CPU flags as the OS reports them (None where it reports none we can read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    m = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.M)
+    if m:
+        return set(m.group(1).split())
+    if platform.system() == "Darwin":  # Apple silicon: every one of these has NEON and dotprod
+        import subprocess
+
+        out = subprocess.run(["sysctl", "-a"], capture_output=True, text=True).stdout
+        flags = {"asimd", "fp"}
+        for feat, flag in (("FEAT_DotProd", "asimddp"), ("FEAT_I8MM", "i8mm"),
+                           ("FEAT_BF16", "bf16"), ("FEAT_FP16", "asimdhp")):
+            if re.search(rf"hw\.optional\.arm\.{feat}: 1", out):
+                flags.add(flag)
+        return flags
+    return None
+
+
+def _model() -> str:
+    try:
+        m = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+        return m.group(1).strip() if m else platform.processor()
+    except OSError:
+        return platform.processor()
+
+
+def _caches() -> tuple[Cache, ...]:
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    out = []
+    for d in sorted(root.glob("index*")):
+        try:
+            kind = (d / "type").read_text().strip()
+            if kind == "Instruction":
+                continue
+            size = (d / "size").read_text().strip()
+            n = int(re.match(r"\d+", size).group()) * {"K": 1 << 10, "M": 1 << 20}.get(
+                size[-1], 1)
+            shared = (d / "shared_cpu_list").read_text().strip()
+            count = sum(int(b) - int(a) + 1 if "-" in r else 1 for r in shared.split(",")
+                        for a, _, b in [r.partition("-")])
+            out.append(Cache(int((d / "level").read_text()), n, count))
+        except (OSError, AttributeError, ValueError):
+            continue
+    return tuple(sorted(out, key=lambda c: c.level))
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@cache
+def host() -> HostCPU:
+    import tvm
+    from tvm.target import codegen
+
+    cpu = codegen.llvm_get_system_cpu()
+    llvm = set(codegen.llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": cpu})))
+    flags = _os_flags()
+    wanted = {f for m in cpu_machines() for f in m.params.get("require", [])}
+    feats = set(llvm)
+    if flags is not None:
+        # The OS speaks for the features the machine files ask about: LLVM names the CPU
+        # model, and a hypervisor or the OS may switch some of the model's features off.
+        for f in wanted:
+            (feats.add if OS_FLAG.get(f, f) in flags else feats.discard)(f)
+    return HostCPU(_arch(platform.machine()), _model(), cpu, frozenset(feats), _cores(),
+                   _caches())
+
+
+@cache
+def cpu_machines() -> tuple[Machine, ...]:
+    out = []
+    for name in builtin_names():
+        m = load(name)
+        if m.backend == "cpu":
+            out.append(m)
+    return tuple(out)
+
+
+def missing(machine: Machine, h: HostCPU | None = None) -> list[str]:
+    """What the host lacks to run `machine`: its architecture, or CPU features."""
+    h = h or host()
+    arch = machine.params.get("arch")
+    if arch and _arch(arch) != h.arch:
+        return [f"arch {arch} (this host is {h.arch})"]
+    return [f for f in machine.params.get("require", []) if not h.has(f)]
+
+
+def runnable(h: HostCPU | None = None) -> list[Machine]:
+    """Built-in CPU machines this host executes, best first."""
+    h = h or host()
+    ok = [m for m in cpu_machines() if not missing(m, h)]
+    return sorted(ok, key=lambda m: _rank(m, h), reverse=True)
+
+
+def _rank(m: Machine, h: HostCPU):
+    per_core = {d: v / m.cores() for d, v in m.peaks.items()}
+    return (h.llvm_cpu in m.params.get("cpus", ()), per_core.get("float32", 0.0),
+            per_core.get("int8", 0.0), len(m.params.get("require", [])))
+
+
+def specialize(m: Machine, h: HostCPU) -> Machine:
+    """`m` with the host's core count (peaks scaled to it) and cache capacities."""
+    core = m.compute_level("core")
+    scale = h.cores / core.count if core else 1.0
+    compute = tuple(dataclasses.replace(c, count=h.cores) if c is core else c for c in m.compute)
+    caches = [lv for lv in m.memory if not lv.managed]
+    cap = {lv.name: h.cache(i + 1) for i, lv in enumerate(reversed(caches))}
+    memory = []
+    for lv in m.memory:
+        c = cap.get(lv.name)
+        if c is not None:
+            # A level kept per core gets its share of a cache that several cores share.
+            share = max(1, c.shared_by) if lv.per else 1
+            lv = dataclasses.replace(lv, capacity=c.bytes // share)
+        memory.append(lv)
+    memory = _fit_parents(memory)
+    return dataclasses.replace(m, compute=compute, memory=tuple(memory),
+                               peaks={d: v * scale for d, v in m.peaks.items()},
+                               description=f"{m.description} (this host: {h.cores} cores)")
+
+
+def _fit_parents(levels):
+    """Keep every level no larger than its parent after caches were resized."""
+    by = {lv.name: lv for lv in levels}
+    out = []
+    for lv in levels:
+        parent = by.get(lv.parent) if lv.parent else None
+        if parent is not None and lv.capacity > parent.capacity:
+            lv = dataclasses.replace(lv, capacity=parent.capacity)
+        by[lv.name] = lv
+        out.append(lv)
+    return out
+
+
+def detect() -> Detection:
+    """The CPU machine for this host (see the module docstring)."""
+    h = host()
+    forced = os.environ.get(ENV)
+    if forced:
+        m = load(forced)
+        lacks = missing(m, h)
+        if lacks:
+            best = runnable(h)
+            raise BackendUnavailable(
+                f"{ENV}={forced}: this host cannot run machine {m.name}: it lacks {lacks}; "
+                f"machines it runs: {[x.name for x in best] or 'none built in'}")
+        return Detection(specialize(m, h), h, (f"forced by {ENV}={forced}",))
+    best = runnable(h)
+    if not best:
+        raise BackendUnavailable(
+            f"no built-in CPU machine runs on this host ({h.arch}, LLVM cpu {h.llvm_cpu}); "
+            f"write one (python -m tsl.tam probe -o my.toml) and pass its path as the target")
+    m = best[0]
+    reasons = [f"features seen: {sorted(set(m.params.get('require', [])))} of "
+               f"{m.name}'s requirements, all present",
+               f"chosen over {[x.name for x in best[1:]] or 'nothing else runnable'}"
+               + (f" (its [params] cpus lists {h.llvm_cpu})"
+                  if h.llvm_cpu in m.params.get("cpus", ()) else " (highest peak per core)")]
+    skipped = [f"{x.name}: lacks {missing(x, h)}" for x in cpu_machines() if missing(x, h)]
+    if skipped:
+        reasons.append("not runnable here: " + "; ".join(skipped))
+    return Detection(specialize(m, h), h, tuple(reasons))
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10} KiB"
