@@ -283,6 +283,11 @@ def read_tir(func) -> Kernel:
                 if bias:
                     access["bias"] = (bias[0].source, [affine(i, env) for i in bias[0].indices])
                 return Leaf("epilogue", access)
+            if blk.name_hint == "out" and not loads:
+                raise LoweringError(f"the epilogue makes every output the constant {body.value} "
+                                    "(TVM folded it: clip bounds that leave one value), so the "
+                                    "output does not depend on the accumulator; VTA stores "
+                                    "accumulator tiles only. Use clip bounds lo < hi")
         raise LoweringError(f"the VTA codegen does not know block {blk.name_hint!r}")
 
     visit(func.body, root, {}, 1)
