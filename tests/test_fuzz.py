@@ -169,3 +169,25 @@ def test_fuzz(target):
                                                           "emulator compiles kernels with it)")
 def test_fuzz_tensorcore_emulated():
     _fuzz("tensorcore-sm80")
+
+
+ORDERS = [ops.relu() + ops.bias() + ops.requantize(4),
+          ops.shift(3) + ops.bias() + ops.clip(-60, 50) + ops.requantize(1)]
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_epilogue_order_on_every_back_end(target):
+    """Two compositions whose result depends on the order of their steps (relu before the
+    bias; a shift before the bias) run in the composed order on each back end (issue #9)."""
+    if target.startswith("tensorcore") and not wmma_emulator.available():
+        pytest.skip("g++ not found (the Tensor Core emulator compiles kernels with it)")
+    for ep in ORDERS:
+        op = ops.dense(16, 64, 32, dtype="int8", epilogue=ep)
+        try:
+            art = tsl.build(op, target)
+        except BackendUnavailable as e:
+            pytest.skip(f"{target}: {e}")
+        verify = (wmma_emulator.verify if target.startswith("tensorcore")
+                  else lambda a, seed: a.verify(seed=seed))
+        ok, err = verify(art, seed=2)
+        assert ok, f"{op} on {target}: error {err}"
