@@ -1,8 +1,35 @@
+import os
+
 import pytest
 
 import tsl
+from tsl.tam import host
 
 
 @pytest.fixture(scope="session")
 def cpu():
+    """A CPU machine file for recording and lowering tests (nothing runs on it)."""
     return tsl.load_machine("x86-avx512")
+
+
+def cpu_machines() -> list[str]:
+    """The CPU machines the CPU tests run on here: the detected one (or TSL_CPU's) and, when
+    the host runs others, the baseline of its architecture (an AVX-512 host also checks the
+    AVX2 code), so a regression in either is caught on any development machine."""
+    chosen = host.detect()
+    names = [chosen.name]
+    if os.environ.get(host.ENV):
+        return names
+    runnable = host.runnable()
+    baseline = min(runnable, key=lambda m: len(m.params.get("require", [])))
+    return names + ([baseline.name] if baseline.name != chosen.name else [])
+
+
+def other_cpu_machines() -> list[str]:
+    """Every other built-in CPU machine this host runs (smoke-tested only)."""
+    return [m.name for m in host.runnable() if m.name not in cpu_machines()]
+
+
+def cross_cpu_machines() -> list[str]:
+    """Built-in CPU machines this host cannot run: cross-compiled, their assembly checked."""
+    return [m.name for m in host.cpu_machines() if host.missing(m)]

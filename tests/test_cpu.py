@@ -1,89 +1,121 @@
-"""The CPU back end end to end: every operator x dtype against NumPy, odd shapes included, and
-the structure of what the shared schedule lowers to."""
+"""The CPU back end end to end: every operator x dtype against NumPy, odd shapes included, on
+every CPU machine this host runs, and the structure of what the shared schedule lowers to."""
+
+import re
 
 import numpy as np
 import pytest
 
 import tsl
 from tsl import ops
-from tsl.errors import BackendUnavailable, InputError
+from tsl.errors import BackendUnavailable, InputError, TAMError
+from tsl.tam import host
+
+from conftest import cpu_machines, other_cpu_machines
 
 DTYPES = ["float32", "bfloat16", "int8"]
+# The instruction each int8 intrinsic of the built-in machine files must become.
+MNEMONIC = {"llvm.x86.avx2.pmadd.wd": "vpmaddwd", "llvm.x86.avx512.vpdpbusd.512": "vpdpbusd",
+            "llvm.x86.avx512.vpdpbusd.256": "vpdpbusd",
+            "llvm.aarch64.neon.sdot.v4i32.v16i8": "sdot"}
 
 
-def check(op, seed=3):
-    art = tsl.build(op, "cpu")
+@pytest.fixture(params=cpu_machines())
+def machine(request):
+    return host.specialize(tsl.load_machine(request.param), host.info())
+
+
+def check(op, machine, seed=3, **knobs):
+    art = tsl.build(op, machine, knobs=knobs or None)
     xs = op.random_inputs(seed)
     got = art.run(*xs)
     want = op.reference(*xs)
     assert got.shape == want.shape and got.dtype == want.dtype
     ok, err = op.check(got, want)
-    assert ok, f"{op}: error {err}"
+    assert ok, f"{op} on {machine.name}: error {err}"
     return art
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(64, 64, 64), (37, 50, 29), (1, 130, 7)])
-def test_matmul(dtype, shape):
-    check(ops.matmul(*shape, dtype=dtype))
+def test_matmul(machine, dtype, shape):
+    check(ops.matmul(*shape, dtype=dtype), machine)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_matmul_transpose_b_and_epilogues(dtype):
+def test_matmul_transpose_b_and_epilogues(machine, dtype):
     ep = (ops.requantize(shift=7, bias=True, clip=(-20, 100)) if dtype == "int8"
           else ops.bias() + ops.relu())
-    check(ops.matmul(45, 33, 70, dtype=dtype, transpose_b=True, epilogue=ep))
+    check(ops.matmul(45, 33, 70, dtype=dtype, transpose_b=True, epilogue=ep), machine)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_batch_matmul(dtype):
-    check(ops.batch_matmul(3, 20, 40, 24, dtype=dtype))
+def test_batch_matmul(machine, dtype):
+    check(ops.batch_matmul(3, 20, 40, 24, dtype=dtype), machine)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_dense_bias_relu(dtype):
+def test_dense_bias_relu(machine, dtype):
     ep = ops.requantize(shift=6, bias=True, clip=(0, 127)) if dtype == "int8" else None
-    check(ops.dense(17, 70, 40, dtype=dtype, epilogue=ep))
+    check(ops.dense(17, 70, 40, dtype=dtype, epilogue=ep), machine)
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("geom", [dict(stride=1, padding=1), dict(stride=2, padding=0),
                                   dict(stride=1, padding=2, dilation=2)])
-def test_conv2d(layout, dtype, geom):
+def test_conv2d(machine, layout, dtype, geom):
     ep = ops.requantize(shift=8, bias=True, clip=(0, 127)) if dtype == "int8" else ops.relu()
-    check(ops.conv2d(1, 19, 11, 9, 21, 3, 3, layout=layout, dtype=dtype, epilogue=ep, **geom))
+    check(ops.conv2d(1, 19, 11, 9, 21, 3, 3, layout=layout, dtype=dtype, epilogue=ep, **geom),
+          machine)
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_conv2d_batch_and_1x1_unpadded(layout, dtype):
-    check(ops.conv2d(2, 16, 8, 8, 32, 1, 1, stride=2, layout=layout, dtype=dtype))
+def test_conv2d_batch_and_1x1_unpadded(machine, layout, dtype):
+    check(ops.conv2d(2, 16, 8, 8, 32, 1, 1, stride=2, layout=layout, dtype=dtype), machine)
 
 
-def test_vnni_is_used_and_exact_over_full_int8_range():
+@pytest.mark.parametrize("name", other_cpu_machines() or
+                         [pytest.param("-", marks=pytest.mark.skip(
+                             reason="this host runs no other built-in CPU machine"))])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_other_runnable_machines(name, dtype):
+    m = host.specialize(tsl.load_machine(name), host.info())
+    check(ops.matmul(37, 50, 29, dtype=dtype), m)
+    check(ops.conv2d(1, 19, 11, 9, 21, 3, 3, padding=1, dtype=dtype), m)
+
+
+def test_int8_instruction_is_used_and_exact_over_full_int8_range(machine):
     op = ops.matmul(64, 64, 128, dtype="int8")
-    art = check(op)
-    assert "vpdpbusd" in art.source("asm")
-    xs = [np.full((64, 128), -128, np.int8), np.full((128, 64), -128, np.int8)]
-    assert (art.run(*xs) == 128 * 128 * 128).all()
+    art = check(op, machine)
+    p = art.schedule.primitive
+    if p.intrinsic:
+        assert MNEMONIC[p.intrinsic] in art.source("asm")
+        assert "T.call_llvm_pure_intrin" in art.tir()     # the block body is the intrinsic
+    for a, b in ((-128, -128), (-128, 127), (127, 127)):
+        xs = [np.full((64, 128), a, np.int8), np.full((128, 64), b, np.int8)]
+        assert (art.run(*xs) == a * b * 128).all()
 
 
-def test_fp32_micro_kernel_structure():
-    art = tsl.build(ops.matmul(256, 256, 256), "cpu")
+def test_fp32_micro_kernel_structure(machine):
+    art = tsl.build(ops.matmul(256, 256, 256), machine)
     tir = art.tir()
-    assert "T.parallel" in tir and "T.vectorized(16)" in tir and "T.unroll" in tir
-    # B is packed into blocks of the register tile's width (n_inner x 16 lanes).
-    nb = art.schedule.knob_values["n_inner"] * 16
-    assert f'B: T.Buffer(({256 // nb}, 256, {nb}), "float32")' in tir
-    assert "vfmadd" in art.source("asm")
+    lanes = art.schedule.primitive.n
+    assert "T.parallel" in tir and f"T.vectorized({lanes})" in tir and "T.unroll" in tir
+    # B is packed into blocks of the register tile's width (n_inner x lanes).
+    nb = art.schedule.knob_values["n_inner"] * lanes
+    assert f'B: T.Buffer(({-(-256 // nb)}, 256, {nb}), "float32")' in tir
+    asm = art.source("asm")
+    assert "vfmadd" in asm or "fmla" in asm
 
 
-def test_knobs_change_the_nest():
+def test_knobs_change_the_nest(machine):
     op = ops.matmul(128, 128, 128)
-    a = tsl.build(op, "cpu", knobs={"m_inner": 4, "n_inner": 1, "k_inner": 32})
+    a = tsl.build(op, machine, knobs={"m_inner": 4, "n_inner": 1, "k_inner": 32})
     assert a.verify()[0]
-    assert 'B: T.Buffer((8, 128, 16), "float32")' in a.tir()
+    n = a.schedule.primitive.n
+    assert f'B: T.Buffer(({128 // n}, 128, {n}), "float32")' in a.tir()
 
 
 def test_input_errors():
@@ -98,13 +130,59 @@ def test_input_errors():
         art.run(a.astype(np.float64), b)
 
 
+def variant(tmp_path, name, edit):
+    """A copy of the detected machine's file under another name, edited by `edit`."""
+    src = open(host.detect().source).read()
+    base = host.detect().name
+    p = tmp_path / f"{name}.toml"
+    p.write_text(edit(src.replace(f'name = "{base}"', f'name = "{name}"', 1)))
+    return tsl.load_machine(p)
+
+
 def test_missing_cpu_feature_is_backend_unavailable(tmp_path):
-    src = open(tsl.load_machine("x86-avx512").source).read()
-    p = tmp_path / "fancy.toml"
-    p.write_text(src.replace('name = "x86-avx512"', 'name = "fancy"').replace(
-        'require = ["avx512f", "avx512vnni"]', 'require = ["avx512f", "sme2"]'))
-    with pytest.raises(BackendUnavailable, match=r"\['sme2'\]"):
-        tsl.build(ops.matmul(8, 8, 8), tsl.load_machine(p))
+    m = variant(tmp_path, "fancy", lambda s: s.replace("require = [", 'require = ["sme2", ', 1))
+    with pytest.raises(BackendUnavailable, match=r"lacks \['sme2'\].*machines it runs"):
+        tsl.build(ops.matmul(8, 8, 8), m)
+
+
+def test_a_new_cpu_variant_is_one_toml_file(tmp_path):
+    """Twice the lanes per primitive, fewer accumulator registers, and int8 through the
+    generic vector kind instead of the file's instruction: no Python change."""
+    base = host.detect()
+    p32 = base.primitive("float32")
+    p8 = base.primitive("int8") or base.primitive("uint8")
+
+    def edit(s):
+        s = s.replace(f'name = "{p32.name}"\nkind = "matmul"\ninstruction = "vector"\nm = 1\n'
+                      f'n = {p32.n}\n', f'name = "{p32.name}"\nkind = "matmul"\n'
+                      f'instruction = "vector"\nm = 1\nn = {2 * p32.n}\n')
+        acc = next(lv for lv in base.memory if lv.role == "accumulator")
+        at = s.index(f'name = "{acc.name}"')
+        s = s[:at] + re.sub(r'capacity = "[^"]*"', f'capacity = "{acc.capacity // 2} B"',
+                            s[at:], count=1)
+        start = s.index(f'name = "{p8.name}"')
+        end = s.index("[[", start)
+        block = (f'name = "{p8.name}"\nkind = "matmul"\ninstruction = "vector"\nm = 1\n'
+                 f'n = {p32.n}\nk = 1\na_dtype = "int8"\nb_dtype = "int8"\nacc_dtype = "int32"\n'
+                 f'a_level = "{p8.a_level}"\nb_level = "{p8.b_level}"\nc_level = "{p8.c_level}"\n'
+                 f'macs_per_cycle = 4.0\n\n')
+        return s[:start] + block + s[end:]
+
+    m = host.specialize(variant(tmp_path, "wide", edit), host.info())
+    assert m.primitive("float32").n == 2 * p32.n
+    assert [lv.capacity for lv in m.memory if lv.role == "accumulator"] == [
+        lv.capacity // 2 for lv in base.memory if lv.role == "accumulator"]
+    art = check(ops.matmul(40, 70, 33), m)
+    assert f"T.vectorized({2 * p32.n})" in art.tir()
+    art8 = check(ops.matmul(40, 70, 33, dtype="int8"), m)
+    assert "T.call_llvm_pure_intrin" not in art8.tir()
+
+
+def test_unknown_instruction_kind_is_a_tam_error(tmp_path):
+    m = variant(tmp_path, "odd", lambda s: s.replace('instruction = "vector"',
+                                                      'instruction = "systolic"', 1))
+    with pytest.raises(TAMError, match="instruction kinds .*'systolic'"):
+        tsl.build(ops.matmul(8, 8, 8), host.specialize(m, host.info()))
 
 
 def test_estimate_and_source():
@@ -113,3 +191,23 @@ def test_estimate_and_source():
     assert est.macs == 100 ** 3 and est.padded_macs >= est.macs
     assert "time at peak" in str(est)
     assert "define" in art.source()
+
+
+def test_primitive_scratch_counts_against_the_accumulator_level(tmp_path):
+    """A primitive that needs registers of its own besides the accumulator tile (vpmaddwd)
+    leaves less room for the tile: the file says how much, the schedule checks it."""
+    base = host.detect()
+    p8 = base.primitive("int8") or base.primitive("uint8")
+    acc = next(lv for lv in base.memory if lv.name == p8.c_level)
+
+    def edit(s):
+        at = s.index(f'name = "{p8.name}"')
+        s = s[:at] + s[at:].replace("latency", f"scratch = {acc.capacity - 4 * p8.n}\nlatency",
+                                    1)
+        return re.sub(r'\nscratch = "[^"]*"', "", s, count=1) if p8.scratch else s
+
+    m = host.specialize(variant(tmp_path, "tight", edit), host.info())
+    op = ops.matmul(64, 64, 64, dtype="int8")
+    with pytest.raises(tsl.ScheduleError, match=rf"{p8.name}'s scratch"):
+        tsl.build(op, m, knobs={"m_inner": 2, "n_inner": 1})
+    assert tsl.build(op, m, knobs={"m_inner": 1, "n_inner": 1}).verify()[0]

@@ -146,7 +146,7 @@ def test_pack_errors(s):
 
 
 def test_default_schedule_records_roles(cpu):
-    s = tsl.schedule(tsl.ops.matmul(512, 512, 512), "cpu")
+    s = tsl.schedule(tsl.ops.matmul(512, 512, 512), cpu)
     text = str(s)
     assert "tensorize(i.3, 'fma_1x16x1_f32')" in text
     assert "cache('C', 'accumulator', j.1) -> ['zmm']" in text

@@ -72,6 +72,9 @@ class Artifact:
         xs = self.op.pad_inputs(self.ctx.op, self.check_inputs(arrays))
         if self.ctx.unsigned_a:
             xs.append(self.ctx.op.compensation(xs[self.ctx.input_index("B")]))
+        if self.ctx.b_dtype:
+            ib = self.ctx.input_index("B")
+            xs[ib] = xs[ib].astype(np_dtype(self.ctx.b_dtype))
         for idx, lay in self.ctx.layouts.items():
             xs[idx] = lay.apply(xs[idx])
         return [np.ascontiguousarray(x) for x in xs]

@@ -30,6 +30,7 @@ class LowerContext:
     layouts: dict = field(default_factory=dict)  # input index -> Blocked
     blocks: dict = field(default_factory=dict)  # name -> SBlockRV made by hooks
     unsigned_a: bool = False  # int8 A fed as uint8: the kernel takes a compensation argument
+    b_dtype: str | None = None  # the dtype the kernel takes B in, when not the operator's
 
     def rv(self, loop: Loop):
         return self.loops[id(loop)]
@@ -47,6 +48,7 @@ class Lowering:
     this and overrides what differs on its machine."""
 
     a_dtype: str | None = None  # operand A dtype the primitive wants (None: the op's)
+    b_dtype: str | None = None  # operand B dtype the kernel takes (None: the op's)
 
     def __init__(self, machine):
         self.machine = machine
@@ -104,7 +106,7 @@ class Lowering:
 
     # -- helpers ----------------------------------------------------------------------------
     def _read_index(self, ctx: LowerContext, input_index: int) -> int:
-        """Position of an input among the reads of block C (stages such as A_pad or A_u8
+        """Position of an input among the reads of block C (stages such as A_pad or A_cast
         stand between the function argument and the block)."""
         names = [r.source.name for r in ctx.sch.get(ctx.block).reads]
         want = ctx.op.inputs[input_index].name
@@ -119,9 +121,10 @@ def lower(schedule: Schedule, lowering: Lowering) -> LowerContext:
     from tvm import s_tir
 
     op = schedule.op.padded(schedule.padded_extents())
-    func = op.prim_func(lowering.a_dtype)
+    func = op.prim_func(lowering.a_dtype, lowering.b_dtype)
     ctx = LowerContext(schedule, op, s_tir.Schedule(func),
-                       unsigned_a=op.dtype == "int8" and lowering.a_dtype == "uint8")
+                       unsigned_a=op.dtype == "int8" and lowering.a_dtype == "uint8",
+                       b_dtype=lowering.b_dtype)
     try:
         _replay(schedule, lowering, ctx)
     except (ScheduleError, LoweringError):

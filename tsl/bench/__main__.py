@@ -1,4 +1,5 @@
-"""`python -m tsl.bench [--targets T,..] [--ops OP,..] [--quick] [--json FILE]`
+"""`python -m tsl.bench [--targets T,..] [--ops OP,..] [--quick] [--json FILE] [--report DIR]`
+and `python -m tsl.bench --compare OLD.json NEW.json [--threshold F] [--report DIR]`
 
 Builds each back end's suite with the default schedules, verifies every artifact against NumPy
 on fresh random data, and prints time (or simulated cycles, or an estimate where there is no
@@ -14,8 +15,10 @@ import sys
 import time
 
 from ..backend import resolve_target, targets
+from ..tam import load
 from ..build import record
 from ..errors import BackendUnavailable, TSLError
+from .rows import roofline_fields
 
 COLUMNS = ("op", "shape", "dtype", "target", "verified", "time", "rate", "peak%", "baseline",
            "speedup", "notes")
@@ -32,7 +35,7 @@ def run_target(target: str, ops_filter, quick: bool, progress) -> list[dict]:
              if not ops_filter or op.name in ops_filter]
     for n, op in enumerate(suite, 1):
         progress(f"[{target} {n}/{len(suite)}] {op} ...")
-        row = {"op": op.name, "shape": op.shape_str, "dtype": op.dtype, "target": target}
+        row = {"op": op.name, "shape": op.shape_str, "dtype": op.dtype, "target": machine.name}
         if op.name == "conv2d":
             row["shape"] += "/" + op.params["layout"]
         try:
@@ -42,6 +45,7 @@ def run_target(target: str, ops_filter, quick: bool, progress) -> list[dict]:
             # Timed before it is verified: the NumPy reference leaves OpenBLAS' threads
             # spinning for about a second, and on 2 cores they slow whatever runs next.
             row.update(art.benchmark())
+            row.update(roofline_fields(art, row))
             try:
                 ok, err = art.verify(seed=n)
                 row["verified"], row["error"] = bool(ok), err
@@ -70,6 +74,11 @@ def fmt(row: dict) -> list[str]:
     sp = row.get("speedup")
     verified = {True: "yes", False: "NO", None: "n/a"}[row["verified"]]
     notes = row.get("checks") or row.get("notes") or ""
+    others = [f"{r['ratio']:.2f}x {name}" for name, r in row.get("peers", {}).items()
+              if name != row.get("baseline")]
+    if others or row.get("blas"):
+        notes = "; ".join(x for x in ["vs " + ", ".join(others) if others else "",
+                                      row.get("blas", ""), notes] if x)
     if row["verified"] is None:
         notes = f"{notes}; not run here: {row['unverified']}"
     return [row["op"], row["shape"], row["dtype"], row["target"], verified,
@@ -78,24 +87,43 @@ def fmt(row: dict) -> list[str]:
 
 
 def print_table(rows: list[dict]) -> None:
-    cells = [list(COLUMNS)] + [fmt(r) for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    print_cells(list(COLUMNS), [fmt(r) for r in rows])
+
+
+def print_cells(head: list[str], body: list[list[str]]) -> None:
+    cells = [head] + body
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     for n, c in enumerate(cells):
         print("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
         if n == 0:
             print("  ".join("-" * w for w in widths))
 
 
+def default_targets() -> list[str]:
+    """The host's CPU (as detected) and every non-CPU built-in machine."""
+    return ["cpu"] + [t for t in targets() if load(t).backend != "cpu"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tsl.bench", description=__doc__.split("\n\n")[1])
-    ap.add_argument("--targets", help="comma-separated machine or back-end names "
-                    f"(default: all of {', '.join(targets())})")
+    ap.add_argument("--targets", help="comma-separated machine or back-end names (default: "
+                    f"cpu, i.e. this host's machine, and {', '.join(default_targets()[1:])})")
     ap.add_argument("--ops", help="comma-separated operator names (matmul, batch_matmul, "
                     "dense, conv2d)")
     ap.add_argument("--quick", action="store_true", help="a few small rows per target")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument("--report", metavar="DIR", help="also write DIR/index.html, DIR/report.md, "
+                    "the plots and DIR/bench.json; with --compare, the comparison's page")
+    ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two bench JSON "
+                    "files instead of running (exit status 1 on a regression)")
+    ap.add_argument("--threshold", type=float, default=0.05, help="with --compare: the "
+                    "fraction slower, beyond the noise band, that fails (default 0.05)")
     args = ap.parse_args(argv)
-    tgts = args.targets.split(",") if args.targets else targets()
+    if args.compare:
+        from . import compare
+
+        return compare.main(*args.compare, args.threshold, args.report)
+    tgts = args.targets.split(",") if args.targets else default_targets()
     ops_filter = set(args.ops.split(",")) if args.ops else None
 
     def progress(msg):
@@ -115,6 +143,10 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=float)
+    if args.report:
+        from .report import host_info, write_report
+
+        print(f"report: {write_report({'host': host_info(), 'rows': rows}, args.report)}")
     failed = [r for r in rows if "skipped" not in r and r.get("verified") is False]
     return 1 if failed else 0
 

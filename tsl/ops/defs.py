@@ -35,28 +35,33 @@ def _te_tail(C, epilogue, acc, out_shape, chan, bias_t, comp):
     return te.compute(out_shape, body, name="out")
 
 
-def _u8_stage(A, a_dtype, op_dtype, pad_value_fn=None):
-    """The int8 -> uint8 shift (A + 128) that an unsigned-A primitive needs."""
+def _a_stage(A, a_dtype, op_dtype):
+    """A in the dtype the primitive reads, staged inside the kernel as block "A_cast": int8 ->
+    uint8 is the shift A + 128 of an unsigned-A primitive (the result is compensated, see
+    `Operator.compensation`); int8 -> int16 sign-extends. (Aq, shifted)."""
     from tvm import te
 
     if a_dtype in (None, op_dtype):
         return A, False
-    if (op_dtype, a_dtype) != ("int8", "uint8"):
-        raise ScheduleError(f"operand A of dtype {op_dtype} cannot be fed to a primitive that "
-                            f"takes {a_dtype}")
-    return te.compute(A.shape, lambda *i: (A[i].astype("int32") + 128).astype("uint8"),
-                      name="A_u8"), True
+    if (op_dtype, a_dtype) == ("int8", "uint8"):
+        return te.compute(A.shape, lambda *i: (A[i].astype("int32") + 128).astype("uint8"),
+                          name="A_cast"), True
+    if (op_dtype, a_dtype) == ("int8", "int16"):
+        return te.compute(A.shape, lambda *i: A[i].astype("int16"), name="A_cast"), False
+    raise ScheduleError(f"operand A of dtype {op_dtype} cannot be fed to a primitive that "
+                        f"takes {a_dtype}")
 
 
 def _gemm_te(name, dtype, acc, epilogue, batch, M, N, K, transpose_b, chan_axis):
-    def build(a_dtype):
+    def build(a_dtype, b_dtype):
         from tvm import te, tirx
 
         bshape = (batch,) if batch else ()
         A = te.placeholder(bshape + (M, K), dtype, name="A")
-        B = te.placeholder(bshape + ((N, K) if transpose_b else (K, N)), dtype, name="B")
+        B = te.placeholder(bshape + ((N, K) if transpose_b else (K, N)), b_dtype or dtype,
+                           name="B")
         bias_t = te.placeholder((N,), acc, name="bias") if epilogue.has_bias else None
-        Aq, shifted = _u8_stage(A, a_dtype, dtype)
+        Aq, shifted = _a_stage(A, a_dtype, dtype)
         k = te.reduce_axis((0, K), name="k")
 
         def b_at(bidx, kk, j):
@@ -175,13 +180,13 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
         axes = (Axis("n", N, "m"), Axis("oh", P, "m"), Axis("ow", Q, "m"), Axis("co", K, "n"),
                 Axis("r", R, "k"), Axis("s", S, "k"), Axis("ci", C, "k"))
 
-    def build(a_dtype):
+    def build(a_dtype, b_dtype):
         from tvm import te, tirx
 
         A = te.placeholder(dshape, dtype, name="A")
-        Wt = te.placeholder(wshape, dtype, name="B")
+        Wt = te.placeholder(wshape, b_dtype or dtype, name="B")
         bias_t = te.placeholder((K,), acc, name="bias") if ep.has_bias else None
-        Aq, shifted = _u8_stage(A, a_dtype, dtype)
+        Aq, shifted = _a_stage(A, a_dtype, dtype)
         pad_val = 128 if shifted else 0
         Hp, Wp = H + 2 * padding, W + 2 * padding
 

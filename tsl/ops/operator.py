@@ -73,14 +73,16 @@ class Operator:
     def axes_of(self, role: str) -> tuple[Axis, ...]:
         return tuple(a for a in self.axes if a.role == role)
 
-    def prim_func(self, a_dtype: str | None = None):
+    def prim_func(self, a_dtype: str | None = None, b_dtype: str | None = None):
         """The TE definition as a PrimFunc. `a_dtype="uint8"` for an int8 operator feeds an
         unsigned-A primitive: A+128 is staged as uint8 inside the kernel, and the function takes
         one more argument after the inputs, `comp` = -128 * sum(B over the reduction) per output
-        channel (see `compensation`), added after the reduction: the result is exact."""
+        channel (see `compensation`), added after the reduction: the result is exact.
+        `a_dtype="int16"` stages A sign-extended; `b_dtype` is the dtype the function takes B in
+        (the caller converts the weights, like packing)."""
         from tvm import te
 
-        return te.create_prim_func(self._te(a_dtype))
+        return te.create_prim_func(self._te(a_dtype, b_dtype))
 
     def footprint(self, operand: str, ext: dict[str, int]) -> int:
         """Elements of operand "A", "B" or "C" touched by a tile of `ext` iterations per axis."""

@@ -443,11 +443,17 @@ class Schedule:
         use: dict[str, int] = {}
         for st in self.stages:
             use[st.level.name] = use.get(st.level.name, 0) + st.bytes * st.at.stages
+        p = self.primitive
+        scratch = p.scratch if p is not None and p.c_level in use else 0
+        if scratch:
+            use[p.c_level] += scratch
         for name, used in use.items():
             lv = self.machine.memory_level(name)
             if used > lv.capacity:
                 tiles = ", ".join(f"{s.operand} at {s.at.name}: {s.bytes} B x{s.at.stages}"
                                   for s in self.stages if s.level.name == name)
+                if scratch and name == p.c_level:
+                    tiles += f", {p.name}'s scratch: {scratch} B"
                 raise ScheduleError(f"{where}: tiles in {lv.role} level {name!r} need {used} "
                                     f"bytes ({tiles}) but it holds {lv.capacity}: "
                                     f"{used - lv.capacity} bytes over; use smaller tiles or "

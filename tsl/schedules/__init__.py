@@ -46,7 +46,7 @@ def _pick_acc_tile(s: Schedule, p, m_choices, n_choices, m_extent, n_extent):
     """(m_inner, n_inner) in primitive units: the accumulator tile that fits the accumulator
     level with the most reuse per useful (not padded) element; ties go to the larger tile."""
     acc = s.level("accumulator", "C")
-    cap = acc.capacity if acc else 1 << 62
+    cap = acc.capacity - p.scratch if acc else 1 << 62
     ab = dtype_bytes(s.op.acc_dtype)
     best = None
     for mi in m_choices:

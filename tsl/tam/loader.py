@@ -9,7 +9,7 @@ File format (every machine file in `machines/` is an example)::
     [[memory]]       name, role, capacity, holds, parent, instances, per, bandwidth, alignment, managed
     [[primitive]]    name, kind, m, n, k, a_dtype, b_dtype, acc_dtype, a_level, b_level, c_level,
                      layout_a, layout_b, macs_per_cycle, latency, issued_by, instruction,
-                     intrinsic
+                     intrinsic, scratch
     [[mover]]        name, src, dst, dims, padding, bytes_per_cycle, latency
     [[vector]]       name, level, lanes, ops, dtypes, ops_per_cycle
 
@@ -175,7 +175,7 @@ class _Parser:
             "k": _pos_int, "a_dtype": _dtype, "b_dtype": _dtype, "acc_dtype": _dtype,
             "a_level": _str, "b_level": _str, "c_level": _str, "layout_a": _str,
             "layout_b": _str, "macs_per_cycle": _nonneg_float, "latency": _pos_int,
-            "issued_by": _str, "instruction": _str, "intrinsic": _str})
+            "issued_by": _str, "instruction": _str, "intrinsic": _str, "scratch": _bytes0})
         t = f"primitive {kw['name']!r}"
         for key in ("a_level", "b_level", "c_level"):
             if kw[key] not in levels:
@@ -261,6 +261,10 @@ def _bytes(v):
             raise ValueError(f"expected bytes as an integer or like '32 KiB', got {v!r}")
         return int(float(m.group(1)) * _UNITS[m.group(2)])
     return _pos_int(v)
+
+
+def _bytes0(v):
+    return 0 if v == 0 else _bytes(v)
 
 
 def _choice(options):

@@ -85,6 +85,9 @@ class TensorPrimitive:
     # "dot4", "madd2") and, where the kind needs one, the target intrinsic it calls.
     instruction: str = ""
     intrinsic: str = ""
+    # Bytes of c_level the instruction needs besides the accumulator tile (x86 vpmaddwd writes
+    # its products to a register of their own before they are added).
+    scratch: int = 0
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -137,6 +140,7 @@ class Machine:
     params: Mapping[str, object] = field(default_factory=dict)
     description: str = ""
     source: str = ""
+    notes: tuple[str, ...] = ()  # how this machine was arrived at (e.g. host detection)
 
     # -- lookups used by schedules and back ends -------------------------------------------
     def memory_level(self, name: str) -> MemoryLevel:

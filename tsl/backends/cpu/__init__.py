@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...backend import Backend
 from ...lower import lower
-from ...tam import detect
+from ...tam import host
 from . import codegen, suite
 from .lowering import CPULowering
 from .runtime import CPUArtifact
@@ -18,15 +18,15 @@ class CPUBackend(Backend):
     def default(self):
         """The built-in machine that best fits this host (`tsl.tam.detect`; TSL_CPU forces
         one)."""
-        return detect.detect().machine
+        return host.detect()
 
     def for_host(self, machine):
-        return machine if detect.missing(machine) else detect.specialize(machine, detect.host())
+        return machine if host.missing(machine) else host.specialize(machine, host.info())
 
     def unavailable(self, machine, cross: bool = False, **options) -> str | None:
         if cross:
             return None
-        lacks = detect.missing(machine)
+        lacks = host.missing(machine)
         return codegen.unavailable_message(machine, lacks) if lacks else None
 
     def build(self, schedule, cross: bool = False, **options) -> CPUArtifact:

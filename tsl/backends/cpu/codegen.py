@@ -15,7 +15,7 @@ def target(machine, cross: bool = False):
     does not run (compile only)."""
     import tvm
 
-    from ...tam import detect
+    from ...tam import host
 
     need = list(machine.params.get("require", []))
     if cross:
@@ -26,23 +26,23 @@ def target(machine, cross: bool = False):
                                   "mcpu": machine.params.get("mcpu", "generic"),
                                   "mattr": [f"+{f}" for f in need],
                                   "num-cores": machine.cores()})
-    lacks = detect.missing(machine)
+    lacks = host.missing(machine)
     if lacks:
         raise BackendUnavailable(unavailable_message(machine, lacks))
     arch = machine.params.get("arch")
-    others = {f for m in detect.cpu_machines() if m.params.get("arch") == arch
+    others = {f for m in host.cpu_machines() if m.params.get("arch") == arch
               for f in m.params.get("require", [])}
     off = sorted(others - set(need))
-    return tvm.target.Target({"kind": "llvm", "mcpu": detect.host().llvm_cpu,
+    return tvm.target.Target({"kind": "llvm", "mcpu": host.info().llvm_cpu,
                               "mattr": [f"-{f}" for f in off] + [f"+{f}" for f in need],
                               "num-cores": machine.cores()})
 
 
 def unavailable_message(machine, lacks) -> str:
-    from ...tam import detect
+    from ...tam import host
 
-    runs = [m.name for m in detect.runnable()]
-    return (f"this host ({detect.host().llvm_cpu}) cannot run machine {machine.name}: it lacks "
+    runs = [m.name for m in host.runnable()]
+    return (f"this host ({host.info().llvm_cpu}) cannot run machine {machine.name}: it lacks "
             f"{lacks}; machines it runs: {runs or 'none built in'} (target='cpu' picks the "
             f"best); tsl.build(..., cross=True) compiles for {machine.name} without running")
 

@@ -12,7 +12,10 @@ intrinsic of a known kind is one more TOML file.
   b <4n x i8>). k = 4.
 * ``madd2``   C[n] (int32) += sum of 2 int16 products per lane, the int8 operands sign-extended:
   x86 ``vpmaddwd``, exact on the full int8 range (``vpmaddubsw`` saturates, and is not used).
-  The intrinsic takes (a <2n x i16>, b <2n x i16>) and returns <n x i32>. k = 2.
+  The intrinsic takes (a <2n x i16>, b <2n x i16>) and returns <n x i32>. k = 2. The kernel
+  reads both operands as int16: weights are widened by the artifact with the packing, A by the
+  kernel's packing stage, so that the inner loop is one broadcast load, one multiply-add with a
+  memory operand and one add per accumulator register.
 
 Written here rather than imported from `tvm.s_tir.tensor_intrin.x86`: importing that package
 loads every back end's intrinsics (about 18 s), and its `dot_16x4_vnni` fails LLVM 22's verifier.
@@ -53,6 +56,15 @@ def check(machine, p) -> str:
     return kind
 
 
+def operand_dtypes(machine, p) -> tuple[str | None, str | None]:
+    """(A, B) dtypes the kernel reads for primitive `p`, where they are not the operator's."""
+    if p is None:
+        return None, None
+    if check(machine, p) == "madd2":
+        return "int16", "int16"
+    return ("uint8" if p.a_dtype == "uint8" else None), None
+
+
 def lowering(machine, p) -> str:
     """"vector", or the name of the TensorIntrin registered for primitive `p`."""
     kind = check(machine, p)
@@ -68,10 +80,14 @@ def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
 
     k = KINDS[kind][0]
     name = f"tsl_cpu_{kind}_{n}x{k}_{a_dtype}_{intrinsic}"
+    if kind == "madd2":
+        a_dtype = b_dtype = "int16"
+    else:
+        b_dtype = "int8"
 
     @T.prim_func(s_tir=True)
     def desc(A: T.Buffer((k,), a_dtype, offset_factor=1),
-             B: T.Buffer((n, k), "int8", offset_factor=1),
+             B: T.Buffer((n, k), b_dtype, offset_factor=1),
              C: T.Buffer((n,), "int32", offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(C[0:n], A[0:k], B[0:n, 0:k])
@@ -100,8 +116,8 @@ def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
                     B.vload([0, 0], dtype=f"int8x{4 * n}"), dtype=f"int32x{n}")
     else:
         @T.prim_func(s_tir=True)
-        def impl(A: T.Buffer((k,), a_dtype, offset_factor=1),
-                 B: T.Buffer((n, k), "int8", offset_factor=1),
+        def impl(A: T.Buffer((k,), "int16", offset_factor=1),
+                 B: T.Buffer((n, k), "int16", offset_factor=1),
                  C: T.Buffer((n,), "int32", offset_factor=1)) -> None:
             with T.sblock("root"):
                 T.reads(C[0:n], A[0:k], B[0:n, 0:k])
@@ -109,11 +125,10 @@ def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
                 C[T.ramp(T.int32(0), 1, n)] = C.vload([0], dtype=f"int32x{n}") + \
                     T.call_llvm_pure_intrin(
                         T.llvm_lookup_intrinsic_id(intrinsic),
-                        T.reinterpret(T.broadcast(T.reinterpret(
-                            T.Cast("int16x2", A.vload([0], "int8x2")), dtype="int32"), n),
-                            dtype=f"int16x{2 * n}"),
-                        T.Cast(f"int16x{2 * n}", B.vload([0, 0], dtype=f"int8x{2 * n}")),
-                        dtype=f"int32x{n}")
+                        T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "int16x2"),
+                                                                dtype="int32"), n),
+                                      dtype=f"int16x{2 * n}"),
+                        B.vload([0, 0], dtype=f"int16x{2 * n}"), dtype=f"int32x{n}")
 
     s_tir.TensorIntrin.register(name, desc, impl, override=True)
     return name

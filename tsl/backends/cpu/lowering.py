@@ -13,8 +13,10 @@ class CPULowering(Lowering):
     def __init__(self, machine, primitive):
         super().__init__(machine)
         self.primitive = primitive
-        self.a_dtype = "uint8" if primitive is not None and primitive.a_dtype == "uint8" else None
         self.how = intrinsics.lowering(machine, primitive) if primitive is not None else None
+        # The dtypes the kernel's operands are read in: the primitive's, or what its
+        # instruction kind widens them to (weights converted by the artifact, like packing).
+        self.a_dtype, self.b_dtype = intrinsics.operand_dtypes(machine, primitive)
         lane = machine.compute_level("lane")
         self.lanes = lane.count if lane else 4
 
@@ -97,11 +99,11 @@ class CPULowering(Lowering):
         for name in ("C_init", "C_store"):
             if name in ctx.blocks:
                 self._vectorize_innermost(sch, ctx.blocks[name])
-        # Whole-tensor stages before the main nest (the int8 -> uint8 shift, padding, packing
+        # Whole-tensor stages before the main nest (the int8 -> uint8 shift or int16 widening, padding, packing
         # of activations): one pass each, merged where possible, spread over the cores.
-        stages = [n for n in ("A_u8", "A_pad", "A_global") if self._has(sch, n)]
-        if len(stages) > 1 and stages[0] == "A_u8":
-            sch.compute_inline(sch.get_sblock("A_u8"))
+        stages = [n for n in ("A_cast", "A_pad", "A_global") if self._has(sch, n)]
+        if len(stages) > 1 and stages[0] == "A_cast":
+            sch.compute_inline(sch.get_sblock("A_cast"))
             stages = stages[1:]
         for name in stages:
             blk = sch.get_sblock(name)

@@ -89,26 +89,34 @@ class CPUArtifact(Artifact):
                                                  repeat=repeat)
         return float(f(*args).median)
 
-    def benchmark(self, rounds: int = 3) -> dict:
+    def benchmark(self, rounds: int = 3, peers=None) -> dict:
         """Median kernel time, its rate and share of the machine's peak, and the ratio of its
-        op rate to NumPy's float32 matmul of the same shape. The two are timed alternately,
-        `rounds` times, and the medians compared: this machine's speed drifts by tens of
-        percent within seconds."""
-        from .suite import numpy_baseline
+        op rate to each peer's (NumPy/OpenBLAS float32 matmul of the same GEMM shape; PyTorch
+        CPU where importable, see `peers`). tsl and the peers are timed alternately, `rounds`
+        times, and the medians compared: this machine's speed drifts by tens of percent within
+        seconds."""
+        from .peers import shared
 
+        peers = peers or shared()
         xs = self.op.random_inputs(7)
-        base, secs = [], []
+        rates, secs = {}, []
         for _ in range(rounds):
-            base_name, rate = numpy_baseline(self.op)
-            base.append(rate)
-            # OpenBLAS' worker threads spin on after a call; on 2 cores they slow the kernel.
+            for name, r in peers.time(self.op).items():
+                rates.setdefault(name, []).append(r)
+            # BLAS worker threads spin on after a call; on 2 cores they slow the kernel.
             time.sleep(SETTLE_SECONDS)
             secs.append(self.time(*xs, number=3, repeat=3))
-        sec, base_rate = float(np.median(secs)), float(np.median(base))
+        sec = float(np.median(secs))
         rate = 2 * self.op.macs / sec
         peak = self.machine.peak(self.op.dtype)
-        return {"seconds": sec, "rate": rate, "pct_peak": 100 * rate / peak if peak else 0.0,
-                "baseline": base_name, "baseline_rate": base_rate, "speedup": rate / base_rate}
+        med = {name: float(np.median(r)) for name, r in rates.items()}
+        base_name = next(iter(med))
+        out = {"seconds": sec, "samples": secs, "rate": rate,
+               "pct_peak": 100 * rate / peak if peak else 0.0,
+               "baseline": base_name, "baseline_rate": med[base_name],
+               "speedup": rate / med[base_name], "blas": peers.blas(),
+               "peers": {name: {"rate": r, "ratio": rate / r} for name, r in med.items()}}
+        return out
 
     def source(self, kind: str = "ll") -> str:
         """LLVM IR ("ll") or assembly ("asm") of the kernel."""

@@ -1,10 +1,10 @@
 """The host CPU: what it can execute, and which built-in CPU machine file fits it best.
 
-`detect()` reads the host (LLVM's view of its CPU, checked against the operating system's, so a
+`detect()` (also `tsl.tam.detect()`) reads the host (LLVM's view of its CPU, checked against the operating system's, so a
 virtual machine that hides AVX-512 is believed; core count from the scheduler's affinity; cache
 sizes from sysfs) and returns the best built-in CPU machine whose `[params] require` features
 the host has, specialized to the host: its core count, its cache capacities and peaks scaled to
-those cores. `TSL_CPU=<name or path>` forces a machine instead. A CPU machine file says, in
+those cores; its `notes` say why it was chosen. `TSL_CPU=<name or path>` forces a machine instead. A CPU machine file says, in
 `[params]`, `arch` (the `uname -m` it runs on), `require` (LLVM feature names), optionally
 `cpus` (LLVM CPU names it was measured on: preferred for them) and `mtriple` (for
 cross-compiling).
@@ -57,23 +57,6 @@ class HostCPU:
 
     def cache(self, level: int) -> Cache | None:
         return next((c for c in self.caches if c.level == level), None)
-
-
-@dataclass(frozen=True)
-class Detection:
-    """The machine `target="cpu"` means here, and why."""
-
-    machine: Machine
-    host: HostCPU
-    reasons: tuple[str, ...]
-
-    def __str__(self) -> str:
-        h = self.host
-        caches = ", ".join(f"L{c.level} {_size(c.bytes)}" for c in h.caches) or "unknown"
-        return "\n".join([f"cpu -> {self.machine.name}  ({self.machine.source})",
-                          f"  host: {h.model or '?'} ({h.arch}, LLVM cpu {h.llvm_cpu}), "
-                          f"{h.cores} cores, caches {caches}"] +
-                         [f"  {r}" for r in self.reasons])
 
 
 def _arch(name: str) -> str:
@@ -138,7 +121,8 @@ def _cores() -> int:
 
 
 @cache
-def host() -> HostCPU:
+def info() -> HostCPU:
+    """The host CPU as LLVM and the OS see it (read once)."""
     import tvm
     from tvm.target import codegen
 
@@ -168,7 +152,7 @@ def cpu_machines() -> tuple[Machine, ...]:
 
 def missing(machine: Machine, h: HostCPU | None = None) -> list[str]:
     """What the host lacks to run `machine`: its architecture, or CPU features."""
-    h = h or host()
+    h = h or info()
     arch = machine.params.get("arch")
     if arch and _arch(arch) != h.arch:
         return [f"arch {arch} (this host is {h.arch})"]
@@ -177,7 +161,7 @@ def missing(machine: Machine, h: HostCPU | None = None) -> list[str]:
 
 def runnable(h: HostCPU | None = None) -> list[Machine]:
     """Built-in CPU machines this host executes, best first."""
-    h = h or host()
+    h = h or info()
     ok = [m for m in cpu_machines() if not missing(m, h)]
     return sorted(ok, key=lambda m: _rank(m, h), reverse=True)
 
@@ -222,34 +206,40 @@ def _fit_parents(levels):
     return out
 
 
-def detect() -> Detection:
-    """The CPU machine for this host (see the module docstring)."""
-    h = host()
+def detect() -> Machine:
+    """The CPU machine for this host (see the module docstring); `notes` give the reasons."""
+    h = info()
     forced = os.environ.get(ENV)
     if forced:
         m = load(forced)
         lacks = missing(m, h)
         if lacks:
-            best = runnable(h)
             raise BackendUnavailable(
                 f"{ENV}={forced}: this host cannot run machine {m.name}: it lacks {lacks}; "
-                f"machines it runs: {[x.name for x in best] or 'none built in'}")
-        return Detection(specialize(m, h), h, (f"forced by {ENV}={forced}",))
+                f"machines it runs: {[x.name for x in runnable(h)] or 'none built in'}")
+        return dataclasses.replace(specialize(m, h), notes=(f"forced by {ENV}={forced}",))
     best = runnable(h)
     if not best:
         raise BackendUnavailable(
             f"no built-in CPU machine runs on this host ({h.arch}, LLVM cpu {h.llvm_cpu}); "
             f"write one (python -m tsl.tam probe -o my.toml) and pass its path as the target")
     m = best[0]
-    reasons = [f"features seen: {sorted(set(m.params.get('require', [])))} of "
-               f"{m.name}'s requirements, all present",
-               f"chosen over {[x.name for x in best[1:]] or 'nothing else runnable'}"
-               + (f" (its [params] cpus lists {h.llvm_cpu})"
-                  if h.llvm_cpu in m.params.get("cpus", ()) else " (highest peak per core)")]
-    skipped = [f"{x.name}: lacks {missing(x, h)}" for x in cpu_machines() if missing(x, h)]
-    if skipped:
-        reasons.append("not runnable here: " + "; ".join(skipped))
-    return Detection(specialize(m, h), h, tuple(reasons))
+    why = (f"its [params] cpus lists {h.llvm_cpu}" if h.llvm_cpu in m.params.get("cpus", ())
+           else "the highest peak per core")
+    notes = [f"host features {sorted(m.params.get('require', []))}: all that {m.name} requires",
+             f"chosen over {[x.name for x in best[1:]] or 'nothing else runnable'}: {why}"]
+    notes += [f"not runnable here: {x.name} (lacks {missing(x, h)})" for x in cpu_machines()
+              if missing(x, h)]
+    return dataclasses.replace(specialize(m, h), notes=tuple(notes))
+
+
+def report() -> str:
+    """What `python -m tsl.tam detect` prints: the host, the machine chosen and why."""
+    h, m = info(), detect()
+    caches = ", ".join(f"L{c.level} {_size(c.bytes)}" for c in h.caches) or "unknown"
+    return "\n".join([f"cpu -> {m.name}  ({m.source})",
+                      f"  host: {h.model or '?'} ({h.arch}, LLVM cpu {h.llvm_cpu}), "
+                      f"{h.cores} cores, caches {caches}"] + [f"  {n}" for n in m.notes])
 
 
 def _size(n: int) -> str:

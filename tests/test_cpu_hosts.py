@@ -1,0 +1,107 @@
+"""What `target="cpu"` means on this host, machine files for hosts this one is not (cross-compiled,
+their assembly read), and `python -m tsl.tam detect | probe`."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tsl
+from tsl import ops
+from tsl.backends.cpu import suite
+from tsl.errors import BackendUnavailable
+from tsl.tam import host
+
+from conftest import cross_cpu_machines
+
+# Mnemonics the primitives' instruction kinds must become, per architecture and dtype.
+ASM = {("x86_64", "float32"): "vfmadd", ("aarch64", "float32"): "fmla",
+       ("x86_64", "int8"): ("vpmaddwd", "vpdpbusd"), ("aarch64", "int8"): ("sdot", "smlal")}
+
+
+def test_detect_picks_a_runnable_machine_with_the_hosts_cores():
+    m = tsl.tam.detect()
+    h = host.info()
+    assert host.missing(m) == []
+    assert m.cores() == h.cores == len(os.sched_getaffinity(0))
+    assert m.notes and any(m.name in n or "forced" in n for n in m.notes)
+    l1 = host.info().cache(1)
+    if l1 is not None:
+        assert m.levels("operand", "A")[-1].capacity == l1.bytes
+    assert tsl.build(ops.matmul(8, 8, 8), "cpu").machine.name == m.name
+
+
+def test_tsl_cpu_forces_a_machine_and_refuses_one_the_host_cannot_run(monkeypatch):
+    base = min(host.runnable(), key=lambda m: len(m.params.get("require", [])))
+    monkeypatch.setenv("TSL_CPU", base.name)
+    assert tsl.tam.detect().name == base.name
+    assert tsl.build(ops.matmul(8, 8, 8), "cpu").machine.name == base.name
+    foreign = "aarch64-neon" if host.info().arch == "x86_64" else "x86-avx2"
+    monkeypatch.setenv("TSL_CPU", foreign)
+    with pytest.raises(BackendUnavailable, match=rf"cannot run machine {foreign}.*lacks"):
+        tsl.build(ops.matmul(8, 8, 8), "cpu")
+
+
+@pytest.mark.parametrize("name", [n for n in cross_cpu_machines()])
+def test_a_machine_this_host_cannot_run_is_refused_and_names_one_that_works(name):
+    with pytest.raises(BackendUnavailable, match=r"lacks .* machines it runs: \[.+\]"):
+        tsl.build(ops.matmul(8, 8, 8), name)
+
+
+@pytest.mark.parametrize("name", [n for n in cross_cpu_machines()])
+def test_cross_compiled_machines_emit_their_instructions(name):
+    m = tsl.load_machine(name)
+    arch = m.params["arch"]
+    for dtype in ("float32", "int8"):
+        art = tsl.build(ops.matmul(37, 50, 64, dtype=dtype), name, cross=True)
+        asm = art.source("asm")
+        want = ASM[(arch, dtype)]
+        assert any(w in asm for w in ((want,) if isinstance(want, str) else want)), name
+        p = art.schedule.primitive
+        if p.intrinsic:
+            assert p.intrinsic in art.source("ll")
+        with pytest.raises(BackendUnavailable, match="cross-compiled"):
+            art.run(*art.op.random_inputs())
+
+
+def test_the_default_suite_cross_compiles_for_aarch64():
+    """Every default-suite operator built for AArch64 with dotprod, read in its assembly."""
+    for op in suite.suite(quick=False):
+        art = tsl.build(op, "aarch64-neon-dotprod", cross=True)
+        asm = art.source("asm")
+        want = "sdot" if op.dtype == "int8" else "fmla"
+        assert asm.count(want) >= 4, f"{op}: {want} missing"
+
+
+def test_detect_cli():
+    out = subprocess.run([sys.executable, "-m", "tsl.tam", "detect"], capture_output=True,
+                         text=True, check=True).stdout
+    assert f"cpu -> {tsl.tam.detect().name}" in out and "host:" in out
+
+
+def test_probe_writes_a_machine_file_that_builds(tmp_path):
+    from tsl.tam import probe
+
+    m, text = probe.probe("probed-here", seconds=0.01)
+    path = tmp_path / "probed.toml"
+    path.write_text(text)
+    loaded = tsl.load_machine(path)
+    assert loaded.name == "probed-here" and loaded.cores() == host.info().cores
+    for p in loaded.primitives:
+        assert p.macs_per_cycle > 0
+    assert "measured by `python -m tsl.tam probe`" in text.splitlines()[0]
+    art = tsl.build(ops.matmul(33, 40, 50, dtype="int8"), loaded)
+    assert art.verify()[0]
+
+
+def test_writer_round_trips_every_builtin_machine(tmp_path):
+    from tsl.tam.writer import dumps
+
+    for name in tsl.machines():
+        m = tsl.load_machine(name)
+        p = tmp_path / f"{name}.toml"
+        p.write_text(dumps(m, "round trip"))
+        back = tsl.load_machine(p)
+        assert dataclasses.replace(back, source=m.source) == m, name

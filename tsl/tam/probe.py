@@ -1,0 +1,177 @@
+"""`python -m tsl.tam probe`: measure this host and write a CPU machine file for it.
+
+Starts from the machine `detect()` picks and replaces what a measurement can tell: the core
+count and cache sizes (from the OS), the clock (the OS's current figure), and each primitive's
+throughput, timed on one core with a register-only loop of independent accumulator chains of
+the primitive's own instruction (the chains outnumber its latency, so the loop is bound by
+issue rate; loads and stores are outside it). The best of several repeats is kept: a busy host
+only slows a throughput loop down. Peaks are the measured rates times the core count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import TAMError
+from . import host
+from .loader import load
+from .machine import Machine, TensorPrimitive, dtype_bytes
+from .writer import dumps
+
+
+def _kernel(p: TensorPrimitive, chains: int):
+    """A PrimFunc(x, out, iters) that runs `chains` independent chains of p's instruction."""
+    from tvm.script import tirx as T
+
+    n = p.n
+    kind = p.instruction or "vector"
+    acc_t = "float32" if p.acc_dtype.startswith("float") or p.acc_dtype == "bfloat16" else "int32"
+    vec = f"{acc_t}x{n}"
+    size = chains * n
+
+    if kind == "dot4":
+        @T.prim_func
+        def f(x: T.Buffer((2 * n,), "int32"), out: T.Buffer((size,), "int32"), iters: T.int32):
+            acc = T.alloc_buffer((size,), "int32")
+            for j in T.unroll(chains):
+                acc[T.ramp(j * n, 1, n)] = x.vload([0], vec)
+            for _ in range(iters):
+                for j in T.unroll(chains):
+                    acc[T.ramp(j * n, 1, n)] = T.call_llvm_pure_intrin(
+                        T.llvm_lookup_intrinsic_id(p.intrinsic), acc.vload([j * n], vec),
+                        T.reinterpret(x.vload([0], vec), dtype=f"int8x{4 * n}"),
+                        T.reinterpret(x.vload([n], vec), dtype=f"int8x{4 * n}"), dtype=vec)
+            for j in T.unroll(chains):
+                out[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec)
+    elif kind == "madd2":
+        # Each chain feeds its own sum back as the next int16 multiplicand: the multiply-add
+        # pair of the micro-kernel (vpmaddwd + vpaddd), and nothing loop-invariant to hoist.
+        @T.prim_func
+        def f(x: T.Buffer((2 * n,), "int32"), out: T.Buffer((size,), "int32"), iters: T.int32):
+            acc = T.alloc_buffer((size,), "int32")
+            for j in T.unroll(chains):
+                acc[T.ramp(j * n, 1, n)] = x.vload([0], vec)
+            for _ in range(iters):
+                for j in T.unroll(chains):
+                    acc[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec) + T.call_llvm_pure_intrin(
+                        T.llvm_lookup_intrinsic_id(p.intrinsic),
+                        T.reinterpret(acc.vload([j * n], vec), dtype=f"int16x{2 * n}"),
+                        T.reinterpret(x.vload([n], vec), dtype=f"int16x{2 * n}"), dtype=vec)
+            for j in T.unroll(chains):
+                out[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec)
+    elif acc_t == "float32":
+        @T.prim_func
+        def f(x: T.Buffer((2 * n,), "float32"), out: T.Buffer((size,), "float32"),
+              iters: T.int32):
+            acc = T.alloc_buffer((size,), "float32")
+            for j in T.unroll(chains):
+                acc[T.ramp(j * n, 1, n)] = x.vload([0], vec)
+            for _ in range(iters):
+                for j in T.unroll(chains):
+                    acc[T.ramp(j * n, 1, n)] = T.call_llvm_pure_intrin(
+                        T.llvm_lookup_intrinsic_id("llvm.fma"), acc.vload([j * n], vec),
+                        x.vload([0], vec), x.vload([n], vec), dtype=vec)
+            for j in T.unroll(chains):
+                out[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec)
+    else:  # an integer "vector" primitive: a widening multiply-accumulate in int32 lanes
+        @T.prim_func
+        def f(x: T.Buffer((2 * n,), "int32"), out: T.Buffer((size,), "int32"), iters: T.int32):
+            acc = T.alloc_buffer((size,), "int32")
+            for j in T.unroll(chains):
+                acc[T.ramp(j * n, 1, n)] = x.vload([0], vec)
+            for _ in range(iters):
+                for j in T.unroll(chains):
+                    acc[T.ramp(j * n, 1, n)] = (acc.vload([j * n], vec) * x.vload([0], vec)
+                                                + x.vload([n], vec))
+            for j in T.unroll(chains):
+                out[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec)
+    return f, acc_t
+
+
+def primitive_rate(m: Machine, p: TensorPrimitive, seconds: float = 0.2,
+                   repeats: int = 5) -> float:
+    """MACs per second on one core of primitive `p` of machine `m` (the host must run m)."""
+    import numpy as np
+    import tvm
+
+    acc = next(lv for lv in m.memory if lv.name == p.c_level)
+    chains = max(4, min(24, acc.capacity // int(p.n * dtype_bytes(p.acc_dtype))))
+    f, acc_t = _kernel(p, chains)
+    ex = tvm.compile(tvm.IRModule({"main": f}),
+                     target=tvm.target.Target({"kind": "llvm", "mcpu": host.info().llvm_cpu}))
+    dev = tvm.cpu(0)
+    x = tvm.runtime.tensor(np.full(2 * p.n, 1 if acc_t == "int32" else 0.5, acc_t), dev)
+    out = tvm.runtime.empty((chains * p.n,), acc_t, dev)
+    fn = ex.jit()["main"]
+    iters = 1 << 12
+    while True:  # grow the loop until one call takes a measurable time
+        t = time.perf_counter()
+        fn(x, out, iters)
+        if time.perf_counter() - t > seconds / 10 or iters > 1 << 30:
+            break
+        iters *= 4
+    best = min(_timed(fn, x, out, iters) for _ in range(repeats))
+    return chains * p.n * p.k * iters / best
+
+
+def _timed(fn, x, out, iters) -> float:
+    t = time.perf_counter()
+    fn(x, out, iters)
+    return time.perf_counter() - t
+
+
+def clock_hz() -> float | None:
+    """The OS's current clock figure (the highest over the CPUs), if it gives one."""
+    try:
+        mhz = [float(v) for v in re.findall(r"^cpu MHz\s*:\s*([\d.]+)",
+                                            Path("/proc/cpuinfo").read_text(), re.M)]
+    except OSError:
+        return None
+    return max(mhz) * 1e6 if mhz else None
+
+
+def probe(name: str | None = None, seconds: float = 0.2) -> tuple[Machine, str]:
+    """(machine, TOML text) for this host, measured."""
+    base = host.detect()
+    h = host.info()
+    clock = clock_hz() or base.clock_hz
+    prims, rates, peaks = [], {}, {}
+    for p in base.primitives:
+        r = primitive_rate(base, p, seconds)
+        rates[p.name] = r
+        prims.append(dataclasses.replace(p, macs_per_cycle=round(r / clock, 2)))
+        for d in {p.a_dtype, "int8" if p.a_dtype == "uint8" else p.a_dtype}:
+            peaks[d] = max(peaks.get(d, 0.0), float(f"{2 * r * h.cores:.4g}"))
+    m = dataclasses.replace(base, name=name or f"{base.name}-probed", clock_hz=clock,
+                            primitives=tuple(prims), peaks=peaks, notes=(),
+                            description=f"{h.model or h.llvm_cpu}, measured by tsl.tam probe",
+                            params={**base.params, "cpus": [h.llvm_cpu]})
+    header = "\n".join(
+        [f"{m.name}: this host, measured by `python -m tsl.tam probe` on "
+         f"{time.strftime('%Y-%m-%d')}.", "",
+         f"Host: {h.model or '?'} ({h.arch}, LLVM cpu {h.llvm_cpu}), {h.cores} cores; caches "
+         f"from sysfs: " + ", ".join(f"L{c.level} {c.bytes // 1024} KiB" for c in h.caches) + ".",
+         f"Derived from {base.name} ({Path(base.source).name}); see that file for its sources "
+         f"and what it does not model.",
+         f"clock_hz is the OS's current figure ({clock / 1e9:.3g} GHz), not a sustained "
+         f"all-core clock.",
+         "Throughput: one core, independent accumulator chains of each primitive's "
+         "instruction, best of 5:"]
+        + [f"  {p.name}: {rates[p.name] / 1e9:.2f} GMAC/s per core = "
+           f"{rates[p.name] / clock:.2f} MACs/cycle" for p in base.primitives]
+        + ["Not modelled: frequency changes under load, the shared L3 and memory bandwidth, "
+           "SMT."])
+    text = dumps(m, header)
+    # What is written must load back as it is.
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d) / f"{m.name}.toml"
+        tmp.write_text(text)
+        try:
+            load(tmp)
+        except TAMError as e:  # pragma: no cover - a writer bug, not a user error
+            raise AssertionError(f"probe wrote a file that does not load: {e}") from e
+    return m, text
