@@ -1,11 +1,16 @@
 """VTA back end: machine files, lowered TIR, program shape, tokens, the classic baseline."""
+import dataclasses
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import tsl
 from tsl.backends.vta import backend, classic, codegen
-from tsl.backends.vta.isa import Alu, AluOp, Gemm, Load, Mem, Store, from_words
-from tsl.errors import LoweringError, ScheduleError
+from tsl.backends.vta.isa import (Alu, AluOp, Finish, Gemm, Load, Mem, Store, decode_uops,
+                                  from_words)
+from tsl.backends.vta.timing import run_pipeline
+from tsl.errors import LoweringError, ScheduleError, TAMError
 
 EP = tsl.ops.requantize(shift=8, bias=True, clip=(0, 127))
 
@@ -97,3 +102,90 @@ def test_clear_errors():
         tsl.build(tsl.ops.matmul(16, 16, 16, dtype="float32"), "vta")
     with pytest.raises(LoweringError, match="requantize"):
         tsl.build(tsl.ops.matmul(16, 16, 16, dtype="int8"), "vta")
+
+
+def test_finish_waits_for_the_last_store():
+    """FINISH pops the token the last STORE pushes (the classic runtime's Synchronize), so the
+    strict-FINISH pipeline accepts the program; without that token it is refused."""
+    prog = tsl.build(small_conv(), "vta").program()
+    last_store = max(k for k, i in enumerate(prog.insns) if isinstance(i, Store))
+    assert prog.insns[last_store].deps.push_prev and prog.insns[-1].deps.pop_next
+    run_pipeline(prog.insns, prog.config)
+    cut = list(prog.insns)
+    cut[last_store] = dataclasses.replace(cut[last_store], deps=dataclasses.replace(
+        cut[last_store].deps, push_prev=False))
+    cut[-1] = Finish()
+    with pytest.raises(LoweringError, match=rf"FINISH #{len(cut) - 1} may execute before "
+                                            r"store #\d+ \(STORE OUT"):
+        run_pipeline(cut, prog.config)
+
+
+@pytest.mark.parametrize("ep, alu", [
+    (tsl.ops.relu() + tsl.ops.bias() + tsl.ops.requantize(4),
+     [(AluOp.MAX, 0), (AluOp.ADD, None), (AluOp.SHR, 4), (AluOp.MIN, 127), (AluOp.MAX, -128)]),
+    (tsl.ops.shift(3) + tsl.ops.bias() + tsl.ops.clip(-100, 90) + tsl.ops.requantize(1),
+     [(AluOp.SHR, 3), (AluOp.ADD, None), (AluOp.MIN, 90), (AluOp.MAX, -100), (AluOp.SHR, 1),
+      (AluOp.MIN, 127), (AluOp.MAX, -128)]),
+], ids=["relu-bias-requantize", "shift-bias-clip-requantize"])
+def test_epilogue_steps_run_in_the_composed_order(ep, alu):
+    art = tsl.build(tsl.ops.dense(16, 64, 32, dtype="int8", epilogue=ep), "vta")
+    ok, err = art.verify(seed=4)
+    assert ok, f"error {err}"
+    got = [(i.alu_op, i.imm if i.use_imm else None) for i in art.program().insns
+           if isinstance(i, Alu)]
+    assert got[:len(alu)] == alu
+
+
+def test_epilogue_vta_cannot_run_is_refused():
+    op = tsl.ops.dense(16, 64, 32, dtype="int8",
+                       epilogue=tsl.ops.clip(-40000, 10) + tsl.ops.requantize(2))
+    with pytest.raises(ScheduleError, match=r"clip\(-40000, 10\).*16-bit"):
+        tsl.build(op, "vta")
+
+
+def _gemm_dst_sequences(prog):
+    """Per multiply-accumulate GEMM, the ACC entries its uop executions write, in order."""
+    uops = decode_uops(prog.uops, prog.config)
+    buf = np.zeros((prog.config.uop_depth, 3), dtype=np.int64)
+    for i in prog.insns:
+        if isinstance(i, Load) and i.mem == Mem.UOP:
+            buf[i.sram_base:i.sram_base + i.x_size] = uops[i.dram_base:i.dram_base + i.x_size]
+        elif isinstance(i, Gemm) and not i.reset:
+            off = (np.arange(i.iter_out)[:, None] * i.dst_factor_out
+                   + np.arange(i.iter_in)[None, :] * i.dst_factor_in).ravel()
+            yield (off[:, None] + buf[i.uop_bgn:i.uop_end, 0][None, :]).ravel()
+
+
+@pytest.mark.parametrize("op, knobs", [
+    (tsl.ops.conv2d(1, 32, 6, 6, 32, 3, 3, padding=1, dtype="int8", epilogue=EP),
+     {"w_inner": 1, "co_inner": 1, "h_inner": 1}),            # 1 ACC entry per tile
+    (tsl.ops.dense(1, 512, 64, dtype="int8", epilogue=EP), {"n_inner": 2}),  # 2 entries
+    (tsl.ops.dense(1, 64, 16, dtype="int8", epilogue=EP), {}),  # the whole output is 1 entry
+], ids=["conv-1-entry", "dense-2-entries", "dense-1x16"])
+def test_gemm_uops_avoid_the_accumulator_hazard(op, knobs):
+    """Tiles of fewer than 3 ACC entries (the C11 w_inner=co_inner=h_inner=1 and dense
+    n_inner=2 cases of issue #9) build, pass the simulator's hazard check bit-exact, and no
+    uop writes an entry one of the two previous uops wrote."""
+    art = tsl.build(op, "vta", knobs=knobs)
+    ok, err = art.verify(seed=6)
+    assert ok, f"error {err}"
+    for seq in _gemm_dst_sequences(art.program()):
+        assert not (seq[1:] == seq[:-1]).any() and not (seq[2:] == seq[:-2]).any()
+
+
+def test_fields_that_do_not_encode_fail_the_build():
+    """K = 2**20: a row of A is 65536 entries apart, past the 16-bit x_stride field; found at
+    build (naming the field and what to change), not by the first run."""
+    op = tsl.ops.dense(1, 1 << 20, 16, dtype="int8", epilogue=tsl.ops.requantize(3))
+    with pytest.raises(LoweringError, match=r"x_stride=65536 does not fit.*operator dims"):
+        tsl.build(op, "vta", knobs={"k_inner": 256})
+
+
+def test_vta_machine_params_are_required(tmp_path):
+    text = (Path(tsl.tam.loader.BUILTIN_DIR) / "vta-1x16x16.toml").read_text()
+    head, rest = text.split("\n[params]\n")
+    path = tmp_path / "vta-noparams.toml"
+    path.write_text(head + rest[rest.index("[peaks]"):])
+    with pytest.raises(TAMError, match=r"vta-noparams.toml: \[params\] key\(s\) "
+                                       r"\['log_uop_buff_size', 'bus_bytes'"):
+        tsl.build(small_conv(), str(path))

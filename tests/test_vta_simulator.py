@@ -261,10 +261,9 @@ def test_token_bookkeeping_errors():
     dram = DRAM()
     loads, compute = _inp_and_gemm(dram, np.random.default_rng(51))
     uops = [Uop(0, 0, 0)]
-    # a dependency-only load pushes a second l2g token that nobody pops
-    leftover = program([loads[0], with_deps(loads[1], push_next=True),
-                        Load(Mem.INP, 0, 0, 0, 0, 0)], compute)
-    with pytest.raises(LoweringError, match=r"tokens left in queues.*l2g \(1\)"):
+    # the last GEMM pushes a g2l token that no load pops
+    leftover = program(loads, compute[:-1] + [with_deps(compute[-1], push_prev=True)])
+    with pytest.raises(LoweringError, match=r"tokens left in queues.*g2l \(1\)"):
         simulate(leftover, uops, dram)
     with pytest.raises(LoweringError, match="does not end with FINISH"):
         simulate(program(loads, compute)[:-1], uops, dram)
@@ -272,6 +271,61 @@ def test_token_bookkeeping_errors():
         simulate(program(loads, compute) + [Finish()], uops, dram)
     with pytest.raises(LoweringError, match="load module, which has no pop_prev queue"):
         simulate([with_deps(loads[0], pop_prev=True), Finish()], uops, dram)
+
+
+def test_finish_must_wait_for_every_module():
+    """FINISH is strict: the host reads DRAM when it executes, so the last STORE (and every
+    load) must be ordered before it; a program whose FINISH does not pop the store's token is
+    refused, naming the STORE that could still be in flight."""
+    rng = np.random.default_rng(53)
+    dram = DRAM()
+    loads, compute = _inp_and_gemm(dram, rng)
+    out = dram.alloc(nbytes=64) // 16
+    store = Store(Mem.OUT, 0, out, 1, 4, 4)
+    good = program(loads, compute, [store])
+    simulate(good, [Uop(0, 0, 0)], dram)
+    assert good[-2].deps.push_prev and good[-1].deps.pop_next
+    late = good[:-2] + [with_deps(good[-2], push_prev=False), Finish()]
+    for run in (lambda: simulate(late, [Uop(0, 0, 0)], dram),
+                lambda: run_pipeline(late, DEFAULT)):
+        with pytest.raises(LoweringError, match=r"FINISH #6 may execute before store #5 "
+                                                r"\(STORE OUT"):
+            run()
+    # a load nothing waits for is as late
+    stray = good[:-1] + [Load(Mem.INP, 8, loads[0].dram_base, 1, 4, 4)] + good[-1:]
+    with pytest.raises(LoweringError, match=r"FINISH #7 may execute before load #6"):
+        simulate(stray, [Uop(0, 0, 0)], dram)
+
+
+def test_gemm_accumulator_hazard_is_refused():
+    """A multiply-accumulate uop may not write an ACC entry one of the two previous uops wrote
+    (docs/vta.md §4): distance 1 and 2 are refused, distance 3 runs."""
+    rng = np.random.default_rng(54)
+    for dsts, bad in (([0, 0], 1), ([0, 1, 0], 2), ([0, 1, 2, 0], None)):
+        dram = DRAM()
+        i = dram.alloc(rand_i8(rng, (4, 1, 16))) // 16
+        w = dram.alloc(rand_i8(rng, (1, 16, 16))) // 256
+        n = len(dsts)
+        prog = program([Load(Mem.INP, 0, i, 1, 4, 4), Load(Mem.WGT, 0, w, 1, 1, 1)],
+                       [Load(Mem.UOP, 0, 0, 1, n, n), Gemm(True, 0, n, 1, 1, 0, 0, 0, 0, 0, 0),
+                        Gemm(False, 0, n, 1, 1, 0, 0, 0, 0, 0, 0)])
+        uops = [Uop(d, k % 4, 0) for k, d in enumerate(dsts)]
+        if bad is None:
+            simulate(prog, uops, dram)
+            continue
+        with pytest.raises(LoweringError, match=rf"GEMM .*accumulator hazard: uop execution "
+                                                rf"{n - 1} .*writes ACC entry 0, which the uop "
+                                                rf"{bad} before it wrote"):
+            simulate(prog, uops, dram)
+    # across the iter_in loop too: one uop, dst_factor_in 0
+    dram = DRAM()
+    i = dram.alloc(rand_i8(rng, (4, 1, 16))) // 16
+    w = dram.alloc(rand_i8(rng, (1, 16, 16))) // 256
+    prog = program([Load(Mem.INP, 0, i, 1, 4, 4), Load(Mem.WGT, 0, w, 1, 1, 1)],
+                   [Load(Mem.UOP, 0, 0, 1, 1, 1), Gemm(True, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0),
+                    Gemm(False, 0, 1, 1, 4, 0, 0, 0, 1, 0, 0)])
+    with pytest.raises(LoweringError, match=r"uop execution 1 \(iter_out 0, iter_in 1, uop 0\)"):
+        simulate(prog, [Uop(0, 0, 0)], dram)
 
 
 def test_race_without_token_is_reported():

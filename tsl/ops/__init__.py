@@ -1,8 +1,9 @@
 """Operators: shapes, dtypes, a TE definition and a NumPy reference each."""
 
 from .defs import batch_matmul, conv2d, dense, matmul
-from .epilogue import Epilogue, bias, relu, requantize
+from .epilogue import Epilogue, bias, clip, relu, requantize, shift
 from .operator import Operator, Tensor
 
 __all__ = ["matmul", "batch_matmul", "dense", "conv2d", "bias", "relu", "requantize",
+           "shift", "clip",
            "Epilogue", "Operator", "Tensor"]

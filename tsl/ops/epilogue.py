@@ -1,8 +1,10 @@
 """Element-wise epilogues applied to the accumulator before it leaves the chip.
 
-An epilogue is a tuple of steps; `bias() + relu()` composes. Each step knows its NumPy meaning
-and its TE expression, and back ends that map steps onto their own vector units (VTA's ALU, HLO
-element-wise ops) read the steps themselves.
+An epilogue is a tuple of steps applied in the order they are composed: `relu() + bias()` is
+max(acc, 0) + bias, `bias() + relu()` is max(acc + bias, 0). Each step knows its NumPy meaning
+and its TE expression; every back end runs the steps in that order (the ones lowering the TE
+definition get it from there, VTA maps each step onto its ALU in turn), or refuses the
+composition with a ScheduleError.
 """
 
 from __future__ import annotations
@@ -34,6 +36,26 @@ class Epilogue:
             raise ScheduleError("an epilogue that narrows to "
                                 f"{self.out_dtype} (requantize) must come last")
         return Epilogue(self.steps + other.steps, other.out_dtype or self.out_dtype)
+
+    def check(self, opname: str, acc_dtype: str) -> "Epilogue":
+        """Refuse steps that the accumulator dtype cannot take (an arithmetic shift or an int8
+        result of a floating-point accumulator, clip bounds outside an int32 accumulator)."""
+        is_int = acc_dtype.startswith("int")
+        for s in self.steps:
+            if s.kind == "shift" and not is_int:
+                raise ScheduleError(f"{opname}: shift({s.value[0]}) needs an integer "
+                                    f"accumulator, but this operator accumulates in {acc_dtype}; "
+                                    "drop the shift / requantize step or use dtype='int8'")
+            if s.kind == "clip" and is_int:
+                info = np.iinfo(acc_dtype)
+                if not all(isinstance(v, (int, np.integer)) for v in s.value) or not (
+                        info.min <= s.value[0] <= s.value[1] <= info.max):
+                    raise ScheduleError(f"{opname}: clip{s.value} on a {acc_dtype} accumulator "
+                                        f"needs integers {info.min} <= lo <= hi <= {info.max}")
+        if self.out_dtype and is_int != self.out_dtype.startswith("int"):
+            raise ScheduleError(f"{opname}: the epilogue's result dtype {self.out_dtype} does not "
+                                f"match the {acc_dtype} accumulator")
+        return self
 
     @property
     def has_bias(self) -> bool:
@@ -98,6 +120,26 @@ def bias() -> Step:
 
 def relu() -> Step:
     return Step("relu")
+
+
+def shift(amount: int) -> Step:
+    """Arithmetic shift right of an integer accumulator by `amount` (a negative amount shifts
+    left, wrapping in int32). `shift(8) + bias()` shifts before adding the bias, as VTA's classic
+    post-processing does; `requantize(..., bias=True)` adds it first."""
+    if not isinstance(amount, (int, np.integer)) or isinstance(amount, bool) \
+            or not -31 <= amount <= 31:
+        raise ScheduleError(f"shift({amount!r}): the amount must be an int in [-31, 31]")
+    return Step("shift", (int(amount),))
+
+
+def clip(lo, hi) -> Step:
+    """Clamp every value to [lo, hi] (min(max(x, lo), hi)); the accumulator dtype is kept."""
+    for v in (lo, hi):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ScheduleError(f"clip({lo!r}, {hi!r}): bounds must be numbers")
+    if not lo <= hi:
+        raise ScheduleError(f"clip({lo!r}, {hi!r}): needs lo <= hi")
+    return Step("clip", (lo, hi))
 
 
 def requantize(shift: int, bias: bool = False, clip: tuple[int, int] = (-128, 127),

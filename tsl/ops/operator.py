@@ -53,6 +53,9 @@ class Operator:
     _pad: Callable = field(repr=False, compare=False)
     channel_axis: int = -1  # where a bias broadcasts in the output
 
+    def __post_init__(self):
+        self.epilogue.check(self.name, self.acc_dtype)
+
     # -- what schedules and back ends ask -------------------------------------------------
     @property
     def shape_str(self) -> str:

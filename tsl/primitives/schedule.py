@@ -85,7 +85,10 @@ class Schedule:
     def __init__(self, op: Operator, machine: Machine, knobs: dict | None = None):
         self.op = op
         self.machine = machine
+        if knobs is not None and not isinstance(knobs, dict):
+            raise ScheduleError(f"knobs must be a dict of knob name -> value, got {knobs!r}")
         self.knob_values = dict(knobs or {})
+        self._given = tuple(self.knob_values)  # checked against the declared knobs in validate
         self.space: dict[str, tuple] = {}
         self.steps: list[Step] = []
         self.stages: list[Stage] = []
@@ -120,6 +123,8 @@ class Schedule:
         return dict(self._padded)
 
     def role_of(self, axis: str) -> str:
+        if axis not in self._role:
+            raise ScheduleError(f"role_of({axis!r}): no such axis; axes are {list(self._role)}")
         return self._role[axis]
 
     def __str__(self) -> str:
@@ -326,7 +331,7 @@ class Schedule:
         After: ``prim_1x16x4(C[i, j:j+16], A[i, k:k+4], B[k:k+4, j:j+16])``.
         """
         self._check_loop("tensorize", loop)
-        prim = self.machine.primitive_named(primitive) if primitive else self.primitive
+        prim = self._primitive_named(primitive) if primitive else self.primitive
         if prim is None:
             raise ScheduleError(f"tensorize({loop.name}): machine {self.machine.name} has no "
                                 f"tensor primitive for {self.op.dtype}")
@@ -364,6 +369,9 @@ class Schedule:
         """
         if operand not in ("A", "B"):
             raise ScheduleError(f"pack({operand!r}): only inputs 'A' and 'B' can be packed")
+        if layout != "primitive":
+            raise ScheduleError(f"pack({operand!r}, {layout!r}): the only layout is "
+                                "'primitive' (the one the tensor primitive reads)")
         self.packed[operand] = layout
         self.steps.append(Step("pack", (operand, layout)))
 
@@ -380,6 +388,13 @@ class Schedule:
         self.steps.append(Step("fuse_epilogue", (self.epilogue_at,)))
 
     # -- helpers ----------------------------------------------------------------------------
+    def _primitive_named(self, name: str) -> TensorPrimitive:
+        names = [p.name for p in self.machine.primitives]
+        if name not in names:
+            raise ScheduleError(f"tensorize(..., {name!r}): machine {self.machine.name} has no "
+                                f"tensor primitive of that name; it has {names}")
+        return self.machine.primitives[names.index(name)]
+
     def _choose_primitive(self) -> TensorPrimitive | None:
         op = self.op
         prim = self.machine.primitive(op.dtype)
@@ -410,7 +425,13 @@ class Schedule:
         return self.op.footprint(operand, ext)
 
     def validate(self) -> None:
-        """Check every staged tile against its level again, on the final loop nest."""
+        """Check every staged tile against its level again, on the final loop nest, and that
+        every knob value given was for a knob the schedule function declared (a misspelt name
+        would otherwise silently build with the default)."""
+        unknown = [k for k in self._given if k not in self.space]
+        if unknown:
+            raise ScheduleError(f"knobs {unknown} are not knobs of this schedule of {self.op}; "
+                                f"its knobs are {sorted(self.space)}")
         self._check_capacity("validate")
 
     def _outer(self, at: Loop) -> list[Loop]:

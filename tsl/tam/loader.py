@@ -39,9 +39,12 @@ def builtin_names() -> list[str]:
 
 
 def resolve(name_or_path: str | Path) -> Path:
+    if not isinstance(name_or_path, (str, Path)):
+        raise TAMError(f"a machine is a built-in name, the path of a .toml file or a Machine; "
+                       f"got {name_or_path!r}")
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
-        if not p.exists():
+        if not p.is_file():
             raise TAMError(f"{p}: no such machine file")
         return p
     q = BUILTIN_DIR / f"{name_or_path}.toml"

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..errors import TAMError
+
 OPERANDS = ("A", "B", "C")
 MEMORY_ROLES = ("global", "scratchpad", "operand", "accumulator")
 COMPUTE_ROLES = ("core", "subcore", "lane")
@@ -155,7 +157,8 @@ class Machine:
         for lv in self.memory:
             if lv.name == name:
                 return lv
-        raise KeyError(f"machine {self.name!r} has no memory level {name!r}")
+        raise TAMError(f"machine {self.name!r} has no memory level {name!r}; it has "
+                       f"{[lv.name for lv in self.memory]}")
 
     def compute_level(self, name_or_role: str) -> ComputeLevel | None:
         for lv in self.compute:
@@ -177,7 +180,7 @@ class Machine:
         for p in self.primitives:
             if p.name == name:
                 return p
-        raise KeyError(f"machine {self.name!r} has no tensor primitive {name!r}; it has "
+        raise TAMError(f"machine {self.name!r} has no tensor primitive {name!r}; it has "
                        f"{[p.name for p in self.primitives]}")
 
     def peak(self, dtype: str) -> float | None:

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import LoweringError
+from ...errors import LoweringError, ScheduleError, TAMError
 from .config import VTAConfig
-from .isa import (Alu, AluOp, Deps, Finish, Gemm, Load, Mem, Store, encode_uops,
+from .isa import (Alu, AluOp, Deps, Finish, Gemm, Load, Mem, Store, encode, encode_uops,
                   format_insn, to_words)
 from .intrinsics import GEMM_EXTERN, RESET_EXTERN
 from .lowering import STAGES, VTHREADS
@@ -39,7 +39,15 @@ from .timing import module_of
 ENTRY_DIMS = {"inp": 1, "wgt": 2, "acc": 1}  # trailing buffer dims that make one entry
 MEM_OF = {"inp": Mem.INP, "wgt": Mem.WGT, "acc": Mem.ACC}
 ITER_MAX = (1 << 14) - 1
+DONE = [("done", 0, 1)]  # a pseudo scratchpad: STOREs write it, FINISH reads it
+HAZARD_DISTANCE = 2  # a GEMM uop may not write an ACC entry one of the 2 uops before it wrote
 DRAM_ALIGN = 4096  # every kernel argument starts on this byte boundary (a multiple of any entry)
+
+
+# [params] every VTA machine file must give: the UOP buffer (not an operand level) and the cycle
+# model. None has a silent default: a file that forgets one would otherwise be timed with Pynq's.
+PARAMS = ("log_uop_buff_size", "bus_bytes", "dram_bytes_per_cycle", "dma_latency", "gemm_ii",
+          "alu_ii", "pipeline_fill")
 
 
 def machine_config(machine) -> VTAConfig:
@@ -51,13 +59,19 @@ def machine_config(machine) -> VTAConfig:
 
     def log2(v, what):
         if v <= 0 or v & (v - 1):
-            raise LoweringError(f"{machine.name}: {what} = {v} is not a power of two")
+            raise TAMError(f"{machine.source or machine.name}: {what} = {v} is not a power of "
+                           "two, as VTA's buffers and blocks must be")
         return v.bit_length() - 1
 
     def buf(level):
         lv = machine.memory_level(level)
         return log2(lv.capacity * (threads if lv.per else 1), f"{level} buffer bytes")
 
+    missing = [k for k in PARAMS if k not in machine.params]
+    if missing:
+        raise TAMError(f"{machine.source or machine.name}: [params] key(s) {missing} missing "
+                       f"(required for a VTA machine: {', '.join(PARAMS)}; see "
+                       "vta-1x16x16.toml for what each means)")
     bits = {"int8": 3, "int32": 5}
     try:
         return VTAConfig.from_params(dict(
@@ -66,8 +80,8 @@ def machine_config(machine) -> VTAConfig:
             log_wgt_width=bits[p.b_dtype], log_acc_width=bits[p.acc_dtype],
             log_inp_buff_size=buf(p.a_level), log_wgt_buff_size=buf(p.b_level),
             log_acc_buff_size=buf(p.c_level), clock_hz=machine.clock_hz, **machine.params))
-    except (KeyError, ValueError) as e:
-        raise LoweringError(f"{machine.source}: not a VTA configuration: {e}") from None
+    except (KeyError, ValueError, TypeError) as e:
+        raise TAMError(f"{machine.source or machine.name}: not a VTA configuration: {e}") from None
 
 
 # -- affine index forms ------------------------------------------------------------------------
@@ -269,6 +283,11 @@ def read_tir(func) -> Kernel:
                 if bias:
                     access["bias"] = (bias[0].source, [affine(i, env) for i in bias[0].indices])
                 return Leaf("epilogue", access)
+            if blk.name_hint == "out" and not loads:
+                raise LoweringError(f"the epilogue makes every output the constant {body.value} "
+                                    "(TVM folded it: clip bounds that leave one value), so the "
+                                    "output does not depend on the accumulator; VTA stores "
+                                    "accumulator tiles only. Use clip bounds lo < hi")
         raise LoweringError(f"the VTA codegen does not know block {blk.name_hint!r}")
 
     visit(func.body, root, {}, 1)
@@ -352,6 +371,7 @@ class _Emitter:
         self.defining = {}  # scratchpad buffer -> the leaf that defines its tile
         self.chain_root = {}  # a leaf's outermost own loop -> the leaf
         self.bias_entries = 0
+        self.scratch_zeroed = set()  # threads whose hazard-padding ACC entries are zeroed
         self._index(kernel.root)
         self.depth = {"inp": config.inp_depth, "wgt": config.wgt_depth, "acc": config.acc_depth}
 
@@ -419,7 +439,9 @@ class _Emitter:
     # -- walking -----------------------------------------------------------------------------
     def run(self) -> Program:
         self.walk(self.k.root, [(0, {})])
-        self.out.append(_Insn(Finish(), [], []))
+        # FINISH reads what every STORE "writes": the run's results in DRAM, so that it waits
+        # for the last STORE (the host reads DRAM as soon as FINISH executes).
+        self.out.append(_Insn(Finish(), DONE, []))
         insns = add_tokens(self.out)
         uops = (np.concatenate(self.uop_words) if self.uop_words
                 else np.zeros(0, np.uint32))
@@ -507,7 +529,7 @@ class _Emitter:
             insn = cls(mem, sram_at, base_addr // ebytes + elem, y_n, x_n,
                        gstr[ydim] if ydim >= 0 else x_n, *pads)
             rng = [(kind, sram_at, sram_at + ys * xs)]
-            self.out.append(_Insn(insn, [] if cls is Load else rng, rng if cls is Load else []))
+            self.out.append(_Insn(insn, [] if cls is Load else rng, rng if cls is Load else DONE))
 
     def leaf_reset(self, leaf, env, tid):
         buf, idx = leaf.access["acc"]
@@ -518,7 +540,8 @@ class _Emitter:
     def leaf_gemm(self, leaf, env, tid):
         forms = [self.local(*leaf.access[r], env, tid)[1] for r in ("acc", "inp", "wgt")]
         self.loop_insn(leaf.chain, forms, lambda *a: Gemm(False, *a),
-                       reads=[("acc", 0), ("inp", 1), ("wgt", 2)], writes=[("acc", 0)])
+                       reads=[("acc", 0), ("inp", 1), ("wgt", 2)], writes=[("acc", 0)],
+                       tid=tid, acc_hazard=True)
 
     def leaf_epilogue(self, leaf, env, tid):
         c = self.c
@@ -526,26 +549,15 @@ class _Emitter:
         _, dst = self.local(buf, idx, env, tid)
         lanes = [l for l in leaf.chain if not any(a.terms.get(l) for a in idx[:-1])]
         chain = [l for l in leaf.chain if l not in lanes]
-        forms = [dst, Aff(), Aff()]
-        if "bias" in leaf.access:
-            # Bias entries go to the end of this thread's acc share, then ADD src to dst.
-            bbuf, (bidx,) = leaf.access["bias"]
-            first = bidx.at(env, leaf.chain)
-            if first % c.block_out:
-                raise LoweringError("the bias of a tile does not start on a block boundary")
-            share = c.acc_depth // self.threads
-            sram = (tid + 1) * share - self.bias_entries
-            n = self._bias_entries(leaf)
-            addr, _ = self.dram[bbuf.name]
-            self.out.append(_Insn(Load(Mem.ACC, sram, addr // c.acc_entry_bytes
-                                       + first // c.block_out, 1, n, n),
-                                  [], [("acc", sram, sram + n)]))
-            src = Aff(sram, {l: v // c.block_out for l, v in bidx.loops().items() if l in chain})
-            self.loop_insn(chain, [dst, src, Aff()], lambda *a: Alu(*a[:8], AluOp.ADD),
-                           reads=[("acc", 0), ("acc", 1)], writes=[("acc", 0)])
-        for step in self.op.epilogue.steps:
-            ops = _alu_ops(step)
-            for alu_op, imm in ops:
+        bias_src = None
+        for step in self.op.epilogue.steps:  # in the order the user composed them
+            if step.kind == "bias":
+                if bias_src is None:
+                    bias_src = self._load_bias(leaf, env, tid, chain)
+                self.loop_insn(chain, [dst, bias_src, Aff()], lambda *a: Alu(*a[:8], AluOp.ADD),
+                               reads=[("acc", 0), ("acc", 1)], writes=[("acc", 0)])
+                continue
+            for alu_op, imm in _alu_ops(step):
                 self.loop_insn(chain, [dst, Aff(), Aff()],
                                lambda *a, o=alu_op, i=imm: Alu(*a[:8], o, True, i),
                                reads=[("acc", 0)], writes=[("acc", 0)])
@@ -554,37 +566,110 @@ class _Emitter:
         origin = [a.at(env, leaf.chain) for a in oidx[:-1]]
         self.dma(Store, Mem.OUT, obuf, obuf.name, origin, shape, dst.at({}), "acc", pad=False)
 
+    def _load_bias(self, leaf, env, tid, chain) -> Aff:
+        """LOAD ACC of the tile's bias entries to the end of this thread's acc share; the ALU
+        source address of the bias of each accumulator entry."""
+        c = self.c
+        bbuf, (bidx,) = leaf.access["bias"]
+        first = bidx.at(env, leaf.chain)
+        if first % c.block_out:
+            raise LoweringError("the bias of a tile does not start on a block boundary")
+        share = c.acc_depth // self.threads
+        sram = (tid + 1) * share - self.bias_entries
+        n = self._bias_entries(leaf)
+        addr, _ = self.dram[bbuf.name]
+        self.out.append(_Insn(Load(Mem.ACC, sram, addr // c.acc_entry_bytes
+                                   + first // c.block_out, 1, n, n),
+                              [], [("acc", sram, sram + n)]))
+        return Aff(sram, {l: v // c.block_out for l, v in bidx.loops().items() if l in chain})
+
     # -- loop folding ------------------------------------------------------------------------
-    def loop_insn(self, chain, forms, make, reads, writes):
+    def loop_insn(self, chain, forms, make, reads, writes, tid=0, acc_hazard=False):
         """GEMM/ALU instructions for the leaf's loops: loops that walk contiguously are merged,
         the two outermost left become iter_out and iter_in, the rest a uop kernel (of at most a
         quarter of the UOP buffer; loops outside that are issued as separate instructions).
-        `reads`/`writes` name the scratchpad each uop column (dst, src, wgt) indexes."""
+        `reads`/`writes` name the scratchpad each uop column (dst, src, wgt) indexes.
+        `acc_hazard` (multiply-accumulate GEMMs of thread `tid`): no uop may write an ACC entry
+        that one of the two uops before it in the same instruction wrote (`_hazard_free`)."""
         loops = [(l.extent, [f.terms.get(l, 0) for f in forms]) for l in chain
                  if l.extent > 1 and any(f.terms.get(l) for f in forms)]
         if any(not isinstance(l, LoopNode) for f in forms for l in f.terms):
             raise LoweringError("a scratchpad address is not affine in the instruction's loops")
-        loops = _merge(loops)
-        k = 0
-        while math.prod(e for e, _ in loops[k + 2:]) > self.c.uop_depth // 4:
-            k += 1
-        emitted, iters, kern = loops[:k], loops[k:k + 2], loops[k + 2:]
-        iters = [(1, [0, 0, 0])] * (2 - len(iters)) + iters
-        (eo, co), (ei, ci) = iters
-        grid = np.zeros((1, 3), dtype=np.int64)
-        for ext, coefs in kern:
-            step = np.arange(ext)[:, None] * np.array(coefs)[None, :]
-            grid = (grid[:, None, :] + step[None, :, :]).reshape(-1, 3)
-        grid += np.array([f.const for f in forms], dtype=np.int64)
+        emitted, (eo, co), (ei, ci), grid = self._plan(_merge(loops), forms)
+        real = np.ones(len(grid), dtype=bool)
+        if acc_hazard and not _hazard_free((eo, co), (ei, ci), grid):
+            emitted, (eo, co), (ei, ci), grid, real = self._hazard_free_plan(loops, forms, tid)
         reach = np.array([(eo - 1) * a + (ei - 1) * b for a, b in zip(co, ci)])
         for pos in itertools.product(*[range(e) for e, _ in emitted]):
             uops = grid + sum((np.array(c) * p for (_, c), p in zip(emitted, pos)),
                               np.zeros(3, dtype=np.int64))
             lo, hi = self.uop_kernel(uops)
             insn = make(lo, hi, eo, ei, co[0], ci[0], co[1], ci[1], co[2], ci[2])
-            first, last = uops.min(axis=0), uops.max(axis=0) + reach + 1
+            first, last = uops[real].min(axis=0), uops[real].max(axis=0) + reach + 1
             self.out.append(_Insn(insn, [(m, int(first[i]), int(last[i])) for m, i in reads],
                                   [(m, int(first[i]), int(last[i])) for m, i in writes]))
+
+    def _plan(self, loops, forms):
+        """(loops issued as separate instructions, (iter_out extent, coefficients), (iter_in
+        ...), the uop kernel as an (n, 3) array of dst, src, wgt) for loops in nest order."""
+        k = 0
+        while math.prod(e for e, _ in loops[k + 2:]) > self.c.uop_depth // 4:
+            k += 1
+        emitted, iters, kern = loops[:k], loops[k:k + 2], loops[k + 2:]
+        iters = [(1, [0, 0, 0])] * (2 - len(iters)) + iters
+        grid = np.zeros((1, 3), dtype=np.int64)
+        for ext, coefs in kern:
+            step = np.arange(ext)[:, None] * np.array(coefs)[None, :]
+            grid = (grid[:, None, :] + step[None, :, :]).reshape(-1, 3)
+        grid += np.array([f.const for f in forms], dtype=np.int64)
+        return emitted, iters[0], iters[1], grid
+
+    def _hazard_free_plan(self, loops, forms, tid):
+        """The same multiply-accumulates without the accumulator hazard, plus a mask of the uops
+        that are real. Every uop adds into its own ACC entry, so the loop order is free: the
+        reduction loops (which keep the ACC entry) go outermost and the tile's distinct entries
+        innermost, in the uop kernel. A tile of fewer than 3 entries cannot separate its uops
+        that way: its kernel is padded to 3 uops per reduction step with uops that accumulate
+        into scratch ACC entries of the thread (`scratch`), which nothing reads; the cycle
+        model counts them, which is what the stall costs."""
+        red = _merge([lp for lp in loops if lp[1][0] == 0])
+        spatial = _merge([lp for lp in loops if lp[1][0] != 0])
+        entries = math.prod(e for e, _ in spatial)
+        pad = max(0, HAZARD_DISTANCE + 1 - entries)
+        # The reduction loops fill the loop positions; the tile's entries stay in the kernel.
+        ordered = [(1, [0, 0, 0])] * max(0, 2 - len(red)) + red + spatial
+        emitted, outer, inner, grid = self._plan(ordered, forms)
+        real = np.ones(len(grid), dtype=bool)
+        if pad:
+            blocks = grid.reshape(-1, entries, 3)
+            fill = np.repeat(blocks[:, :1, :], pad, axis=1)
+            fill[:, :, 0] = self.scratch(tid, pad)[None, :]
+            grid = np.concatenate([blocks, fill], axis=1).reshape(-1, 3)
+            real = np.concatenate([np.ones((len(blocks), entries), bool),
+                                   np.zeros((len(blocks), pad), bool)], axis=1).reshape(-1)
+        if not _hazard_free(outer, inner, grid):
+            raise LoweringError(f"{self.op}: no GEMM uop order avoids the accumulator hazard")
+        return emitted, outer, inner, grid, real
+
+    def scratch(self, tid, n) -> np.ndarray:
+        """`n` ACC entries of thread `tid` that hazard-padding uops accumulate into: right
+        below the bias entries at the end of the thread's share, zeroed (by a reset GEMM) the
+        first time the thread uses them, so that no uop reads an entry nothing wrote."""
+        share = self.c.acc_depth // self.threads
+        base = (tid + 1) * share - self.bias_entries - HAZARD_DISTANCE
+        tiles = max((math.prod(self.tile(b)[3]) for b in self.defining
+                     if b.scope().split(".")[-1] == "acc"), default=0)
+        if base < tid * share + tiles:
+            raise ScheduleError(f"{self.op}: the accumulator tile leaves no room for the "
+                                f"{HAZARD_DISTANCE} scratch ACC entries that a tile of fewer "
+                                f"than {HAZARD_DISTANCE + 1} entries needs; use smaller tiles")
+        if tid not in self.scratch_zeroed:
+            self.scratch_zeroed.add(tid)
+            lo, hi = self.uop_kernel(np.array([[base + j, 0, 0] for j in
+                                               range(HAZARD_DISTANCE)], dtype=np.int64))
+            self.out.append(_Insn(Gemm(True, lo, hi, 1, 1, 0, 0, 0, 0, 0, 0), [],
+                                  [("acc", base, base + HAZARD_DISTANCE)]))
+        return base + np.arange(n)
 
     def uop_kernel(self, uops) -> tuple[int, int]:
         """[begin, end) of `uops` in the UOP buffer, loading them (LOAD UOP) unless already
@@ -605,16 +690,37 @@ class _Emitter:
         return self.uop_cache[key]
 
 
+def _hazard_free(outer, inner, grid) -> bool:
+    """Whether no uop execution of the instruction (iter_out, iter_in, kernel `grid`) writes
+    the ACC entry that one of the two executions before it wrote: VTA's GEMM pipeline reads an
+    entry before the write of either of the two previous uops has landed (docs/vta.md §4)."""
+    (eo, co), (ei, ci) = outer, inner
+    off = (np.arange(eo)[:, None] * co[0] + np.arange(ei)[None, :] * ci[0]).ravel()
+    seq = (off[:, None] + grid[None, :, 0]).ravel()
+    return not any((seq[d:] == seq[:-d]).any() for d in range(1, HAZARD_DISTANCE + 1))
+
+
+IMM_BITS = 16  # the ALU immediate: signed 16-bit (docs/vta.md §2)
+
+
 def _alu_ops(step) -> list[tuple[AluOp, int]]:
     """The ALU operations (with immediates) of one epilogue step other than the bias:
-    shift -> SHR (a negative amount shifts left), clip -> MIN hi then MAX lo, relu -> MAX 0."""
+    shift -> SHR (a negative amount shifts left), clip -> MIN hi then MAX lo (as VTA's classic
+    schedule; the same as the TE definition's min(max(x, lo), hi) since lo <= hi), relu -> MAX 0. A clip bound that does not fit the ALU's
+    16-bit immediate cannot run: ScheduleError."""
     if step.kind == "shift":
         return [(AluOp.SHR, step.value[0])]
     if step.kind == "clip":
+        lim = 1 << (IMM_BITS - 1)
+        for v in step.value:
+            if not -lim <= v < lim:
+                raise ScheduleError(f"clip{step.value}: VTA's ALU takes immediates in "
+                                    f"[{-lim}, {lim - 1}] (signed {IMM_BITS}-bit); use clip "
+                                    "bounds in that range")
         return [(AluOp.MIN, step.value[1]), (AluOp.MAX, step.value[0])]
     if step.kind == "relu":
         return [(AluOp.MAX, 0)]
-    return []
+    raise ScheduleError(f"the VTA ALU cannot run epilogue step {step.kind!r}")
 
 
 def _merge(loops):
@@ -683,6 +789,33 @@ def add_tokens(items: list[_Insn]) -> list:
             for it, f in zip(items, flags)]
 
 
+# What to change when an instruction field does not fit its encoding.
+_FIELD_HINTS = {
+    "x_stride": "a DMA row stride (in entries) of this operator's shape exceeds the 16-bit "
+                "stride field: VTA cannot address rows this far apart; use smaller operator "
+                "dims (split the reduction or the channels into several operators)",
+    "dram_base": "the operator's tensors do not fit VTA's 32-bit DRAM element addresses; use "
+                 "smaller operator shapes",
+    "x_size": "a DMA row is longer than its 16-bit size field; use smaller tiles (the *_inner "
+              "/ k_inner / ci_inner knobs)",
+    "y_size": "a DMA has more rows than its 16-bit size field; use smaller tiles (the *_inner "
+              "knobs)",
+    "iter_out": "a loop of the tile exceeds the 14-bit loop count; use smaller tiles",
+    "iter_in": "a loop of the tile exceeds the 14-bit loop count; use smaller tiles",
+}
+
+
 def generate(func, op, config: VTAConfig) -> Program:
-    """The VTA program of a scheduled PrimFunc."""
-    return _Emitter(read_tir(func), op, config).run()
+    """The VTA program of a scheduled PrimFunc, every instruction checked to encode (a field
+    that does not fit is a build error naming the field and what to change, not a failure of
+    the first run)."""
+    prog = _Emitter(read_tir(func), op, config).run()
+    for k, insn in enumerate(prog.insns):
+        try:
+            encode(insn, config)
+        except LoweringError as e:
+            field_name = next((f for f in _FIELD_HINTS if f"field {f}=" in str(e)), None)
+            hint = _FIELD_HINTS.get(field_name, "the tile or operator shape does not fit the "
+                                                "VTA instruction encoding")
+            raise LoweringError(f"{op}: instruction #{k} does not encode: {e}; {hint}") from None
+    return prog

@@ -14,8 +14,12 @@ would silently get wrong:
 - fields that do not fit the encoding, WGT loads with padding (hardware ignores the pad fields,
   so a nonzero pad means the codegen expected something hardware does not do), UOP loads that
   are not a single row, STOREs with padding.
-Not checked: races through DRAM (a LOAD reading what a STORE of the same program wrote) and the
-accumulator read-after-write pipeline hazard of vta.md §4.
+- the accumulator read-after-write pipeline hazard of vta.md §4: a multiply-accumulate GEMM
+  uop writing an ACC entry that one of the two uops before it in the same instruction wrote
+  (the pipeline drains between instructions; reset uops only write, so they are exempt);
+- FINISH executing while any instruction of any module is not ordered before it by program
+  order and tokens (the host reads DRAM when FINISH executes; see `timing.run_pipeline`).
+Not checked: races through DRAM (a LOAD reading what a STORE of the same program wrote).
 
 Semantics choices where vta.md leaves room: ALU SHR with a shift >= 32 gives the sign (0 or -1);
 a left shift >= 32 gives 0. ALU uops within one instruction take effect in loop order (a later
@@ -420,6 +424,7 @@ class Simulator:
             self.acc[a] = 0
             self._acc_w[a] = vc[_COMPUTE]
             return
+        self._check_acc_hazard(k, insn, a)
         i = self._loop_index(k, insn, u[:, 1], insn.src_factor_out, insn.src_factor_in,
                              c.inp_depth, "INP")
         w = self._loop_index(k, insn, u[:, 2], insn.wgt_factor_out, insn.wgt_factor_in,
@@ -431,6 +436,24 @@ class Simulator:
         self._inp_r[i] = vc[_COMPUTE]
         self._wgt_r[w] = vc[_COMPUTE]
         self._acc_w[a] = vc[_COMPUTE]
+
+    def _check_acc_hazard(self, k, insn, a: np.ndarray):
+        """A multiply-accumulate uop may not write an ACC entry that one of the two uops before
+        it (in execution order, within the instruction) wrote: the pipeline reads the entry
+        before that write lands (docs/vta.md §4), so hardware would lose a partial sum."""
+        hits = [np.flatnonzero(a[d:] == a[:-d]) + d for d in (1, 2) if a.size > d]
+        hits = [h[0] for h in hits if h.size]
+        if not hits:
+            return
+        q = int(min(hits))
+        d = 1 if a[q] == a[q - 1] else 2
+        n = insn.uop_end - insn.uop_bgn
+        y, rest = divmod(q, insn.iter_in * n)
+        x, uop = divmod(rest, n)
+        self._fail(k, insn, f"accumulator hazard: uop execution {q} (iter_out {y}, iter_in {x}, "
+                            f"uop {insn.uop_bgn + uop}) writes ACC entry {int(a[q])}, which "
+                            f"the uop {d} before it wrote; a GEMM uop may not write an entry "
+                            "either of the two previous uops wrote (docs/vta.md §4)")
 
     def _accumulate(self, a, i, w):
         """ACC[a] += INP[i] . WGT[w]^T for every uop. int32 wrapping addition is addition mod

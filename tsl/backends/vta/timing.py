@@ -18,7 +18,14 @@ Cycle-model assumptions (a model, not RTL; docs/vta.md §5 gives the hardware fa
 - Command and token FIFOs are unbounded, so fetch never stalls on a full command queue and the
   model never deadlocks for lack of FIFO space (the Xilinx design holds 512 commands and
   1024 tokens; the behavioural model 8).
-- Total cycles = completion of the last instruction of any module (FINISH, or a later STORE).
+- Total cycles = completion of FINISH. FINISH is strict (docs/vta.md §3): the host reads DRAM
+  as soon as it executes, so every instruction of every module must happen before it through
+  program order and tokens (`run_pipeline` refuses a program where one does not), and FINISH is
+  therefore the last instruction to complete.
+- GEMM uops are issued without stalls: the codegen orders them so that no uop writes an ACC
+  entry one of the two previous uops of the same instruction wrote (the accumulator hazard of
+  docs/vta.md §4), and the simulator refuses a program that breaks that rule, so there are no
+  hazard stalls to price. The pipeline drains between instructions (pipeline_fill each).
 - DRAM is not a shared resource between modules: concurrent load and store DMAs do not slow
   each other down.
 """
@@ -144,6 +151,21 @@ def check_structure(program: list):
                                     f"{module} module, which has no {flag} queue")
 
 
+def _check_finish(program: list, per_module: dict, k: int, vc: tuple):
+    """FINISH #k with vector clock `vc` ends the run: the first instruction of each module that
+    does not happen before it would still be queued or in flight when the host reads DRAM."""
+    late = []
+    for mi, m in enumerate(MODULES):
+        if vc[mi] < len(per_module[m]):
+            j = per_module[m][vc[mi]]
+            late.append(f"{m} #{j} ({format_insn(program[j])})")
+    if late:
+        raise LoweringError(f"FINISH #{k} may execute before " + "; ".join(late)
+                            + ": nothing orders it before FINISH, so the host could read DRAM "
+                            "first (make FINISH pop a token the last STORE pushes, as the "
+                            "classic VTA runtime does)")
+
+
 def run_pipeline(program: list, config: VTAConfig, execute=None) -> Stats:
     """Play the token protocol and the cycle model over `program`.
 
@@ -178,6 +200,8 @@ def run_pipeline(program: list, config: VTAConfig, execute=None) -> Stats:
                     vc = [max(a, b) for a, b in zip(vc, tvc)]
                 vc[mi] = ptr[m] + 1
                 vc = tuple(vc)
+                if isinstance(insn, Finish):
+                    _check_finish(program, per_module, k, vc)
                 if execute is not None:
                     execute(k, insn, vc)
                 dur = insn_cycles(insn, config)
@@ -205,5 +229,5 @@ def run_pipeline(program: list, config: VTAConfig, execute=None) -> Stats:
         raise LoweringError("tokens left in queues at the end of the program: "
                             + ", ".join(left) + "; every push needs a matching pop, or the next "
                             "program starts with stale tokens")
-    stats.cycles = max(free.values())
+    stats.cycles = free["compute"]  # FINISH's completion (see _check_finish)
     return stats
