@@ -28,14 +28,13 @@ def _swapped(report):
 
 # -- targets ----------------------------------------------------------------------------------
 def test_targets_map_to_machines():
-    from tsl.tam import detect
 
-    assert tsl.relax.machine_for("llvm").name == detect.detect().machine.name
-    assert tsl.relax.machine_for({"kind": "llvm"}).name == detect.detect().machine.name
+    assert tsl.relax.machine_for("llvm").name == tsl.tam.detect().name
+    assert tsl.relax.machine_for({"kind": "llvm"}).name == tsl.tam.detect().name
     assert tsl.relax.machine_for({"kind": "cuda", "arch": "sm_90"}).name == "tensorcore-sm90"
     assert tsl.relax.machine_for(tvm.target.Target({"kind": "cuda", "arch": "sm_80"})).name \
         == "tensorcore-sm80"
-    assert tsl.relax.machine_for("cpu").name == detect.detect().machine.name
+    assert tsl.relax.machine_for("cpu").name == tsl.tam.detect().name
     tgt = tsl.relax.tvm_target("cpu")
     assert tgt.kind.name == "llvm" and "+avx2" in [str(a) for a in tgt.attrs["mattr"]]
 

@@ -209,7 +209,7 @@ def test_bench_report_command(tmp_path):
         assert row["intensity"] == pytest.approx(row["flops"]
                                                  / row["traffic"][row["bound_level"]])
         assert row["traffic"]["hbm"] > 0  # tsl.model's traffic, level by level
-        assert row["peers"]["xla-dot estimate"]["kind"] == "model"
+        assert row["peers"][row["baseline"]]["kind"] == "model"
     for name in ("index.html", "report.md", "roofline-tpu-v5e.png", "peers-tpu-v5e.png"):
         assert (out / name).exists()
     assert_png(out / "roofline-tpu-v5e.png")

@@ -19,6 +19,8 @@ def record(op: Operator, machine: Machine, fn: Callable | None = None,
     """Run schedule function `fn` (default: the operator's) on a new `Schedule` of `op` for
     `machine` and validate the final nest. Knobs not in `knobs` are the cost model's choice
     (`tsl.model.choose`). Raises ScheduleError when it does not fit."""
+    if knobs is not None and not isinstance(knobs, dict):
+        raise ScheduleError(f"knobs must be a dict of knob name -> value, got {knobs!r}")
     fn = fn or default_schedule(op.name)
     try:
         check = get_backend(machine.backend).check

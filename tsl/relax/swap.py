@@ -307,16 +307,19 @@ def rewrite(mod, plans: dict):
             for i, (t, tb) in enumerate(zip(m.op.inputs, big.inputs)):
                 operand = m.operands[t.role]
                 lay = art.ctx.layouts.get(i)
+                # The dtype the kernel takes this input in (weights may be widened, like
+                # packing: see LowerContext.b_dtype).
+                dtype = art.ctx.b_dtype if art.ctx.b_dtype and t.role == "B" else tb.dtype
                 value = _constant(args[operand.param])
                 if value is not None:
-                    x = value.reshape(operand.shape).astype(np_dtype(tb.dtype))
+                    x = value.reshape(operand.shape).astype(np_dtype(dtype))
                     fed.append(np.pad(x, [(0, b - a) for a, b in zip(x.shape, tb.shape)]))
                 elif lay is None and operand.shape == tb.shape and tuple(
                         int(d) for d in args[operand.param].ty.shape) == tb.shape and str(
-                        args[operand.param].ty.dtype) == tb.dtype:
+                        args[operand.param].ty.dtype) == dtype:
                     fed.append(args[operand.param])
                 else:
-                    fed.append(bb.emit_te(_pack_te(operand.shape, tb.shape, lay, tb.dtype,
+                    fed.append(bb.emit_te(_pack_te(operand.shape, tb.shape, lay, dtype,
                                                    f"tsl_pack_{t.name}"), args[operand.param]))
             if art.ctx.unsigned_a:
                 b = fed[art.ctx.input_index("B")]
