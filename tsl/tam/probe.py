@@ -23,72 +23,57 @@ from .machine import Machine, TensorPrimitive, dtype_bytes
 from .writer import dumps
 
 
+def _step(p: TensorPrimitive, vec: str):
+    """step(a, x) -> the next value of accumulator vector `a` under p's instruction, `x` the
+    loop-invariant operand buffer (both read as `vec` vectors)."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    n, kind = p.n, p.instruction or "vector"
+
+    def call(*args):
+        return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(p.intrinsic), *args,
+                                       dtype=vec)
+
+    def as_(e, dtype):
+        return tirx.call_intrin(dtype, "tirx.reinterpret", e)
+
+    if kind == "dot4":
+        return lambda a, x: call(a, as_(x.vload([0], vec), f"int8x{4 * n}"),
+                                 as_(x.vload([n], vec), f"int8x{4 * n}"))
+    if kind == "madd2":
+        # The chain's own sum is the next int16 multiplicand: the micro-kernel's multiply-add
+        # pair (vpmaddwd + vpaddd), and nothing loop-invariant to hoist.
+        return lambda a, x: a + call(as_(a, f"int16x{2 * n}"),
+                                     as_(x.vload([n], vec), f"int16x{2 * n}"))
+    if vec.startswith("float32"):
+        return lambda a, x: T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.fma"), a,
+                                                    x.vload([0], vec), x.vload([n], vec),
+                                                    dtype=vec)
+    # An integer "vector" primitive: a widening multiply-accumulate in int32 lanes.
+    return lambda a, x: a * x.vload([0], vec) + x.vload([n], vec)
+
+
 def _kernel(p: TensorPrimitive, chains: int):
     """A PrimFunc(x, out, iters) that runs `chains` independent chains of p's instruction."""
     from tvm.script import tirx as T
 
     n = p.n
-    kind = p.instruction or "vector"
     acc_t = "float32" if p.acc_dtype.startswith("float") or p.acc_dtype == "bfloat16" else "int32"
     vec = f"{acc_t}x{n}"
     size = chains * n
+    step = _step(p, vec)
 
-    if kind == "dot4":
-        @T.prim_func
-        def f(x: T.Buffer((2 * n,), "int32"), out: T.Buffer((size,), "int32"), iters: T.int32):
-            acc = T.alloc_buffer((size,), "int32")
+    @T.prim_func
+    def f(x: T.Buffer((2 * n,), acc_t), out: T.Buffer((size,), acc_t), iters: T.int32):
+        acc = T.alloc_buffer((size,), acc_t)
+        for j in T.unroll(chains):
+            acc[T.ramp(j * n, 1, n)] = x.vload([0], vec)
+        for _ in range(iters):
             for j in T.unroll(chains):
-                acc[T.ramp(j * n, 1, n)] = x.vload([0], vec)
-            for _ in range(iters):
-                for j in T.unroll(chains):
-                    acc[T.ramp(j * n, 1, n)] = T.call_llvm_pure_intrin(
-                        T.llvm_lookup_intrinsic_id(p.intrinsic), acc.vload([j * n], vec),
-                        T.reinterpret(x.vload([0], vec), dtype=f"int8x{4 * n}"),
-                        T.reinterpret(x.vload([n], vec), dtype=f"int8x{4 * n}"), dtype=vec)
-            for j in T.unroll(chains):
-                out[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec)
-    elif kind == "madd2":
-        # Each chain feeds its own sum back as the next int16 multiplicand: the multiply-add
-        # pair of the micro-kernel (vpmaddwd + vpaddd), and nothing loop-invariant to hoist.
-        @T.prim_func
-        def f(x: T.Buffer((2 * n,), "int32"), out: T.Buffer((size,), "int32"), iters: T.int32):
-            acc = T.alloc_buffer((size,), "int32")
-            for j in T.unroll(chains):
-                acc[T.ramp(j * n, 1, n)] = x.vload([0], vec)
-            for _ in range(iters):
-                for j in T.unroll(chains):
-                    acc[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec) + T.call_llvm_pure_intrin(
-                        T.llvm_lookup_intrinsic_id(p.intrinsic),
-                        T.reinterpret(acc.vload([j * n], vec), dtype=f"int16x{2 * n}"),
-                        T.reinterpret(x.vload([n], vec), dtype=f"int16x{2 * n}"), dtype=vec)
-            for j in T.unroll(chains):
-                out[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec)
-    elif acc_t == "float32":
-        @T.prim_func
-        def f(x: T.Buffer((2 * n,), "float32"), out: T.Buffer((size,), "float32"),
-              iters: T.int32):
-            acc = T.alloc_buffer((size,), "float32")
-            for j in T.unroll(chains):
-                acc[T.ramp(j * n, 1, n)] = x.vload([0], vec)
-            for _ in range(iters):
-                for j in T.unroll(chains):
-                    acc[T.ramp(j * n, 1, n)] = T.call_llvm_pure_intrin(
-                        T.llvm_lookup_intrinsic_id("llvm.fma"), acc.vload([j * n], vec),
-                        x.vload([0], vec), x.vload([n], vec), dtype=vec)
-            for j in T.unroll(chains):
-                out[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec)
-    else:  # an integer "vector" primitive: a widening multiply-accumulate in int32 lanes
-        @T.prim_func
-        def f(x: T.Buffer((2 * n,), "int32"), out: T.Buffer((size,), "int32"), iters: T.int32):
-            acc = T.alloc_buffer((size,), "int32")
-            for j in T.unroll(chains):
-                acc[T.ramp(j * n, 1, n)] = x.vload([0], vec)
-            for _ in range(iters):
-                for j in T.unroll(chains):
-                    acc[T.ramp(j * n, 1, n)] = (acc.vload([j * n], vec) * x.vload([0], vec)
-                                                + x.vload([n], vec))
-            for j in T.unroll(chains):
-                out[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec)
+                acc[T.ramp(j * n, 1, n)] = step(acc.vload([j * n], vec), x)
+        for j in T.unroll(chains):
+            out[T.ramp(j * n, 1, n)] = acc.vload([j * n], vec)
     return f, acc_t
 
 
