@@ -75,6 +75,44 @@ def test_the_default_suite_cross_compiles_for_aarch64():
         assert asm.count(want) >= 4, f"{op}: {want} missing"
 
 
+AARCH64 = [m.name for m in host.cpu_machines() if m.params.get("arch") == "aarch64"]
+
+
+def _emulatable(name):
+    from tsl.backends.cpu import emulator
+
+    why = emulator.unavailable(tsl.load_machine(name))
+    if why:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("name", AARCH64)
+def test_aarch64_code_runs_right_under_qemu(name):
+    """The cross-compiled default suite (quick) plus shapes off every tile, executed by QEMU on
+    a CPU model with only the file's features, against NumPy on random data."""
+    if host.info().arch == "aarch64":
+        pytest.skip("this host runs AArch64 natively: test_cpu.py runs these machines")
+    _emulatable(name)
+    cases = suite.suite(quick=True) + [ops.matmul(37, 50, 64, dtype="int8"),
+                                       ops.matmul(29, 43, 71, dtype="float32"),
+                                       ops.matmul(33, 40, 24, dtype="bfloat16")]
+    for op in cases:
+        ok, err = tsl.build(op, name, cross=True).emulate().verify(seed=3)
+        assert ok, f"{name} {op}: error {err}"
+
+
+def test_qemu_traps_an_instruction_the_cpu_model_lacks():
+    """The emulated check is real: sdot code on a QEMU CPU without dotprod stops with SIGILL."""
+    if host.info().arch == "aarch64":
+        pytest.skip("this host runs AArch64 natively")
+    _emulatable("aarch64-neon-dotprod")
+    m = tsl.load_machine("aarch64-neon-dotprod")
+    plain = dataclasses.replace(m, params={**m.params, "qemu_cpu": "cortex-a72"})
+    art = tsl.build(ops.matmul(16, 16, 16, dtype="int8"), plain, cross=True).emulate()
+    with pytest.raises(tsl.LoweringError, match="Illegal instruction"):
+        art.verify()
+
+
 def test_detect_cli():
     out = subprocess.run([sys.executable, "-m", "tsl.tam", "detect"], capture_output=True,
                          text=True, check=True).stdout

@@ -32,14 +32,29 @@ class CPUArtifact(Artifact):
         super().__init__(schedule, ctx)
         self.executable = executable
         self.cross = cross
+        self.emulated = False
+
+    def emulate(self) -> "CPUArtifact":
+        """Run this cross-compiled artifact under QEMU from now on (`run`, `verify`): the
+        numerics of code this host cannot execute. Timing stays unavailable."""
+        from . import emulator
+
+        why = emulator.unavailable(self.machine)
+        if why:
+            from ...errors import BackendUnavailable
+
+            raise BackendUnavailable(f"cannot emulate {self.machine.name} here: {why}")
+        self.emulated = True
+        return self
 
     def _runnable(self) -> None:
         if self.cross:
             from ...errors import BackendUnavailable
 
             raise BackendUnavailable(f"this artifact was cross-compiled for {self.machine.name} "
-                                     f"({self.machine.params.get('mtriple')}); export it or "
-                                     f"build it without cross=True on such a host to run it")
+                                     f"({self.machine.params.get('mtriple')}); export it, "
+                                     f"run it under QEMU with `.emulate()`, or build it without "
+                                     f"cross=True on such a host to time it")
 
     def _tensors(self, packed):
         import tvm
@@ -51,6 +66,12 @@ class CPUArtifact(Artifact):
         return args
 
     def _execute(self, packed):
+        if self.emulated:
+            from . import emulator
+
+            out = self.ctx.op.output
+            return emulator.run(self.executable.mod, self.machine, list(packed),
+                                np.empty(out.shape, np_dtype(out.dtype)))
         self._runnable()
         set_threads(self.machine.cores())
         args = self._tensors(packed)
