@@ -20,7 +20,7 @@ from ...artifact import Artifact
 from ...errors import BackendUnavailable, LoweringError
 from ...model import Estimate
 from ...ops.operator import np_dtype
-from . import codegen, model
+from . import codegen, export, model
 
 INSTRUCTIONS = {"wmma.mma": r"wmma\.mma\.sync", "mma.sync": r"\bmma\.sync\.aligned",
                 "wmma.load": r"wmma\.load", "ldmatrix": r"ldmatrix",
@@ -210,8 +210,7 @@ class TensorCoreArtifact(Artifact):
         path.mkdir(parents=True, exist_ok=True)
         ptx, cubin, rep = self._compile()
         (path / "kernel.cu").write_text(self.kernel.source)
-        (path / f"kernel_{self.arch}.ptx").write_text(ptx)
-        (path / f"kernel_{self.arch}.cubin").write_bytes(cubin)
+        images = export.write_images(path, ptx, cubin)
         big = self.ctx.op
         tensors = list(big.inputs) + [big.output]
         # The output is the kernel's last parameter: "out" after an epilogue, else "C".
@@ -219,10 +218,17 @@ class TensorCoreArtifact(Artifact):
         if names[:-1] != [f"{t.name}_ptr" for t in big.inputs] or len(names) != len(tensors):
             raise LoweringError(f"kernel parameters {self.kernel.params} are not the operator's "
                                 f"tensors {[t.name for t in tensors]} in order")
+        # Each parameter is its operator tensor zero-padded at the end of every axis.
+        if self.ctx.layouts or self.ctx.unsigned_a or self.ctx.b_dtype:
+            raise LoweringError(f"{self.op}: the export describes each input as the operator's "
+                                f"tensor zero-padded; this kernel's inputs are transformed "
+                                f"further (layouts, compensation or a B dtype)")
+        real = {t.role: t for t in list(self.op.inputs) + [self.op.output]}
         meta = self.kernel.launch() | {
             "arch": self.arch, "machine": self.machine.name, "operator": str(self.op),
             "ptx": f"kernel_{self.arch}.ptx", "cubin": f"kernel_{self.arch}.cubin",
-            "params": [{"name": name, "dtype": t.dtype, "shape": list(t.shape), "role": t.role}
+            "params": [{"name": name, "dtype": t.dtype, "shape": list(t.shape), "role": t.role,
+                        "kind": "pointer", "real_shape": list(real[t.role].shape)}
                        for (name, _), t in zip(self.kernel.params, tensors)],
             "shapes": {t.name: list(t.shape) for t in list(self.op.inputs) + [self.op.output]},
             "op": {"name": self.op.name, "dtype": self.op.dtype,
@@ -235,6 +241,8 @@ class TensorCoreArtifact(Artifact):
                                                        "layout")}
                       if self.op.name == "conv2d" else {})},
             "flops": 2 * self.op.macs,
+            # benchmarks/tensorcore_cupy.py reads these (see export.py)
+            "format": export.FORMAT, "images": images, "reference": export.reference(self.op),
             "resources": {k: v for k, v in rep.items() if k != "log"}}
         (path / "kernel.json").write_text(json.dumps(meta, indent=1))
         return path
