@@ -1,0 +1,161 @@
+"""benchmarks/tensorcore_cupy.py, the script that runs exported Tensor Core kernels on a GPU with
+CuPy: its checks and image choice, and a rehearsal end to end with a stand-in CuPy that runs the
+kernels on the CPU emulator (tests/gpu_standin), so its first run on a GPU works."""
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tsl
+import wmma_emulator
+from tsl.backends.cuda_tensorcore import codegen
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "tensorcore_cupy.py"
+torch = pytest.importorskip("torch", reason="the script computes its references with torch")
+spec = importlib.util.spec_from_file_location("tensorcore_cupy", SCRIPT)
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+
+IMAGES = {"ptx": {"file": "kernel_sm_80.ptx", "isa": "9.0", "target": "sm_80"},
+          "cubin": {a: f"kernel_{a}.cubin" for a in ("sm_80", "sm_86", "sm_89", "sm_90")}}
+
+
+def test_image_follows_the_driver():
+    assert script.choose_image(IMAGES, "sm_90", 13000)[0] == "kernel_sm_80.ptx"
+    file, why = script.choose_image(IMAGES, "sm_90", 12040)      # a CUDA 12.4 driver
+    assert file == "kernel_sm_90.cubin" and "cannot JIT PTX ISA 9.0 (needs 13.0)" in why
+    assert script.choose_image(IMAGES, "sm_86", 13000, "cubin")[0] == "kernel_sm_86.cubin"
+    with pytest.raises(RuntimeError, match="cubins only for"):
+        script.choose_image(IMAGES, "sm_75", 12040)               # Turing: no cubin, old driver
+    hopper = {"ptx": {"file": "k.ptx", "isa": "9.0", "target": "sm_90a"},
+              "cubin": {"sm_90a": "k_sm_90a.cubin"}}
+    assert script.choose_image(hopper, "sm_90", 12080)[0] == "k_sm_90a.cubin"
+    with pytest.raises(RuntimeError):
+        script.choose_image(hopper, "sm_100", 13000)              # wgmma code is sm_90 only
+
+
+def gemm_like(n=4096, k=4096, seed=0):
+    """A 4096^2 output with a K=4096 GEMM's statistics (uniform(-1, 1) inputs: sum of K products
+    of variance 1/9), and sum_k |a_k b_k| ~ K / 4, without computing the GEMM."""
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.randn(n, n, generator=g) * math.sqrt(k) / 3
+    return ref, torch.full((n, n), k / 4.0)
+
+
+def test_a_stale_tile_fails_the_check():
+    """One 16x16 tile left from an earlier launch (other inputs) in a 4096^2 fp32 output: the
+    old norm-wise 1e-2 criterion passed it; the element-wise tolerance does not."""
+    ref, abs_sum = gemm_like()
+    meta = {"reduction": 4096, "acc_dtype": "float32", "out_dtype": "float32"}
+    tol = script.tolerance(meta, abs_sum, ref)
+    noise = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)) * 1e-5
+    out = ref + noise                          # fp32 accumulation in another order
+    assert script.compare(out, ref, tol)["ok"]
+    stale, _ = gemm_like(seed=2)
+    out[2048:2064, 1024:1040] = stale[2048:2064, 1024:1040]
+    assert float(torch.linalg.norm(out - ref) / torch.linalg.norm(ref)) < 1e-2  # old check
+    res = script.compare(out, ref, tol)
+    assert not res["ok"] and 200 <= res["bad"] <= 256 and res["worst"] > 10
+    out[2048:2064, 1024:1040] = math.nan       # never written (the poison stayed)
+    assert script.compare(out, ref, tol)["bad"] == 256
+
+
+def test_tolerance_grows_with_k_and_is_exact_for_int8():
+    ref, abs_sum = torch.ones(4), torch.ones(4)
+    tol = [float(script.tolerance({"reduction": k, "acc_dtype": "float32",
+                                   "out_dtype": "float32"}, abs_sum, ref)[0]) for k in (64, 4096)]
+    assert 0 < tol[0] < tol[1] < 1e-4
+    exact = script.tolerance({"reduction": 4096, "acc_dtype": "int32", "out_dtype": "int32"},
+                             abs_sum, ref)
+    assert float(exact.max()) == 0
+    assert not script.compare(ref + 1, ref, exact)["ok"] and script.compare(ref, ref, exact)["ok"]
+
+
+# -- the rehearsal ------------------------------------------------------------------------------
+# Operators of each reference path (dense + bias + relu in bf16 with sizes that are no multiple
+# of the tile, NHWC conv2d in fp16 with 3 -> 20 channels, an exact int8 GEMM), small enough for
+# the emulator.
+OPS = {"a_dense_bf16": lambda: tsl.ops.dense(100, 72, 50, dtype="bfloat16",
+                                             epilogue=tsl.ops.bias() + tsl.ops.relu()),
+       "c_conv_f16": lambda: tsl.ops.conv2d(2, 3, 9, 9, 20, 3, 3, padding=1, layout="NHWC",
+                                            dtype="float16"),
+       "e_matmul_s8": lambda: tsl.ops.matmul(64, 48, 96, dtype="int8")}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The kernels exported by tsl for sm_80, and two broken copies between them: one whose
+    entry name is wrong (it cannot load), one whose grid misses its last block (an output tile
+    is never written)."""
+    root = tmp_path_factory.mktemp("kernels")
+    for name, op in OPS.items():
+        tsl.build(op(), target="tensorcore-sm80").export(root / name)
+    bad_name = shutil.copytree(root / "a_dense_bf16", root / "b_wrong_entry")
+    meta = json.loads((bad_name / "kernel.json").read_text())
+    (bad_name / "kernel.json").write_text(json.dumps(meta | {"kernel": "no_such_kernel"}))
+    short = shutil.copytree(root / "a_dense_bf16", root / "d_grid_short")
+    meta["grid"][0] -= 1
+    (short / "kernel.json").write_text(json.dumps(meta | {"operator": "dense short grid"}))
+    return root
+
+
+needs_tools = pytest.mark.skipif(codegen.nvcc() is None or not wmma_emulator.available(),
+                                 reason="the export needs nvcc, the emulator g++")
+
+
+def rehearse(root, *args, driver="12040"):
+    env = dict(os.environ, TSL_STANDIN_DRIVER=driver, PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "tests" / "gpu_standin"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, str(SCRIPT), "run", str(root), "--torch-device",
+                          "cpu", "--repeat", "2", "--runs", "1", *args],
+                         capture_output=True, text=True, env=env, timeout=600)
+    print(res.stdout[-6000:], res.stderr[-3000:])
+    return res
+
+
+@needs_tools
+def test_rehearsal_on_the_emulator(exported):
+    """Driver first; a CUDA 12.4 driver cannot JIT the `.version 9.0` PTX, so the sm_90 cubin is
+    chosen; every good kernel verifies before and after timing, with events and a graph, and
+    has a torch row of the same output dtype (conv2d: flagged, torch has none); the kernel
+    that cannot load and the one that leaves a tile unwritten are reported, the run goes on
+    past them, and the exit status says that not every kernel verified. (In one process here,
+    to save the emulator's compilations; the next test runs the default, a process per
+    kernel.)"""
+    res = rehearse(exported, "--no-isolate")  # one process: the emulator compiles each once
+    out = res.stdout
+    assert res.returncode == 1
+    assert out.index("nvidia-smi") < out.index("CUDA driver 12.4") < out.index("GPU 0:") \
+        < out.index("a_dense_bf16:")
+    rows = {line.split(" | ")[0].strip(): [c.strip() for c in line.split(" | ")]
+            for line in out.splitlines() if " | " in line}
+    for name in ("dense(100x50x72, bfloat16, bias+relu)", "conv2d(2x3x9x9x20x3x3, float16)",
+                 "matmul(64x48x96, int8)"):
+        row = rows[name]
+        assert row[1] == "cubin sm_90" and row[2] == "ok/ok", row
+        assert float(row[6]) > 0 and float(row[7]) > 0          # events and graph times
+    assert rows["dense(100x50x72, bfloat16, bias+relu)"][9] == "torch.addmm (F.linear)+relu"
+    assert rows["conv2d(2x3x9x9x20x3x3, float16)"][12].startswith("(")
+    assert rows["matmul(64x48x96, int8)"][5] == "0"             # exact
+    assert rows["b_wrong_entry"][2] == "ERROR" and "no_such_kernel" in rows["b_wrong_entry"][3]
+    short = rows["dense short grid"]
+    assert short[2] == "FAIL/FAIL" and short[3] == "inf"        # NaN poison left in a tile
+    assert "3 of 5 kernels verified" in out
+
+
+@needs_tools
+def test_rehearsal_exit_status_and_ptx(exported, tmp_path):
+    """Each kernel in a process of its own (the default); with a CUDA 13 driver the PTX is
+    JIT-compiled; all kernels verified: exit status 0."""
+    shutil.copytree(exported / "e_matmul_s8", tmp_path / "e_matmul_s8")
+    res = rehearse(tmp_path, driver="13000")
+    assert res.returncode == 0 and "| ptx 9.0 |" in res.stdout
+    assert "1 of 1 kernels verified" in res.stdout
