@@ -20,11 +20,12 @@ goes on. Per kernel:
   output is poisoned (NaN / INT_MIN) before every checked launch, so an element no launch wrote
   fails;
 - verified against torch on the GPU in float32 (TF32 off; float64 for int8: exact), before
-  timing and again on the outputs the timed launches wrote. An element passes when
-  |out - ref| <= 4 sqrt(K) u_acc sum_k |a_k b_k| + u_out |ref| (K the reduction length, u_acc
-  the accumulator's unit roundoff: 2^-23 for float32, whose Tensor Core adds may truncate; 0
-  for int32, so int8 must be exact; u_out the output dtype's). Every element is checked: a
-  stale 16x16 tile in a 4096^2 output fails (a norm-wise 1e-2 passed it);
+  timing and again on the outputs the timed launches wrote (the outputs are poisoned before the
+  back-to-back launches and again before the graph's, and checked after each). An element
+  passes when |out - ref| <= 4 sqrt(K) u_acc sum_k |a_k b_k| + u_out |ref|: K the reduction
+  length, u_acc the accumulator's unit roundoff (2^-23 for float32, whose Tensor Core adds may
+  truncate; 0 for int32: int8 must be exact), u_out the output dtype's. Every element is
+  checked: a stale 16x16 tile in a 4096^2 output fails (a norm-wise 1e-2 passed it);
 - timed: the median over `--runs` runs of `--repeat` back-to-back launches between one pair of
   CUDA events (no synchronization between launches), and the same launches captured in a CUDA
   graph and replayed (no launch overhead: the number that matters for µs-scale kernels). L2 is
@@ -33,8 +34,9 @@ goes on. Per kernel:
   operators are not timed on data already in L2 either;
 - compared with torch on the same shapes and the SAME output dtype: torch.mm / torch.bmm /
   torch.addmm (what F.linear calls) with out_dtype=float32 for fp16/bf16, torch._int_mm for
-  int8 (int32), timed the same way (events and graph). torch has no fp16 -> fp32 conv2d:
-  F.conv2d's row writes fp16 and its ratio is printed in parentheses, not comparable.
+  int8 (int32), timed the same way (events and graph). Where torch has no such kernel (no
+  fp16 -> fp32 conv2d; a torch before out_dtype) its input-dtype kernel is timed, the table
+  names its output dtype and prints the ratio in parentheses: not like for like.
   ratio = torch's time / tsl's (graph times when both have one): above 1, tsl is faster.
 
 A table comes last; the exit status is 0 only when every kernel verified (before and after
@@ -240,21 +242,24 @@ def median_per_launch(clock: Clock, body, launches: int, runs: int, flush) -> fl
     return float(np.median(times))
 
 
-def timings(issue, n: int, runs: int, flush, eager: Clock, graph) -> dict:
+def timings(issue, n: int, runs: int, flush, eager: Clock, graph, between=None) -> dict:
     """Events around n back-to-back `issue(i)` calls, and around the replay of a CUDA graph of
-    them (`graph(body)` -> (replay, clock), or an error string)."""
+    them (`graph(body)` -> (replay, clock)); `between()` runs after the first timing (a
+    check of what it wrote), its result kept as "between"."""
     def body():
         for i in range(n):
             issue(i)
 
     body()  # warm up: module load, JIT, cuBLAS handles and workspaces
     res = {"ms": median_per_launch(eager, body, n, runs, flush)}
+    if between:
+        res["between"] = between()
     try:
         replay, clock = graph(body)
         replay()
         res["graph_ms"] = median_per_launch(clock, replay, n, runs, flush)
     except Exception as e:  # noqa: BLE001 - a capture failure is reported, not fatal
-        res["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        res["graph_error"] = one_line(e)
     return res
 
 
@@ -279,54 +284,61 @@ def torch_graph(torch):
     return capture
 
 
-def baseline(torch, ref_meta: dict, sets: list[dict]):
-    """(name, issue(i), out dtype) of torch's kernel for the operator on input set i, with
-    the kernel's output dtype where torch has one; None when torch has no such kernel."""
+def baselines(torch, ref_meta: dict, sets: list[dict]) -> list[tuple]:
+    """torch's kernels for the operator on input set i, best first: (name, issue(i), out
+    dtype). Those with the kernel's output dtype come first (torch >= 2.8: out_dtype=float32
+    from fp16 / bf16, cuBLAS accumulating in float32); the input-dtype ones after, for a torch
+    without out_dtype. Empty when torch has no such kernel (int8 conv2d, batched int8)."""
     import torch.nn.functional as F
 
     op, dt, out_dt = ref_meta["op"], ref_meta["dtype"], ref_meta["out_dtype"]
     epi = [s["kind"] for s in ref_meta["epilogue"]]
+    relu, bias, tb = "relu" in epi, "bias" in epi, ref_meta["transpose_b"]
+
+    def act(c):
+        return torch.relu_(c) if relu else c
+
+    def tail(c, i, dtype):  # the epilogue in torch: extra kernels, as a model would run them
+        return act(c + sets[i]["bias"].to(dtype) if bias else c)
     if dt in ("int8", "uint8"):
         if op == "conv2d" or sets[0]["A"].dim() != 2:
-            return None                               # no int8 conv2d / batched int8 GEMM
-        tb = ref_meta["transpose_b"]
-        return ("torch._int_mm (GEMM only)" if epi else "torch._int_mm",
-                lambda i: torch._int_mm(sets[i]["A"], sets[i]["B"].t() if tb else sets[i]["B"]),
-                "int32")
-    relu = "relu" in epi
+            return []
+        return [("torch._int_mm" + " (GEMM only)" * bool(epi),
+                 lambda i: torch._int_mm(sets[i]["A"], sets[i]["B"].t() if tb else sets[i]["B"]),
+                 "int32")]
     if op == "conv2d":
         # NHWC data / RSCK weights seen as NCHW / KCRS tensors in channels-last memory.
         xs = [s["A"].permute(0, 3, 1, 2) for s in sets]
         ws = [s["B"].permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
               for s in sets]
-        bs = [s["bias"].to(s["A"].dtype) if "bias" in epi else None for s in sets]
+        bs = [s["bias"].to(s["A"].dtype) if bias else None for s in sets]
+        return [("F.conv2d" + "+relu" * relu,
+                 lambda i: act(F.conv2d(xs[i], ws[i], bs[i], stride=ref_meta["stride"],
+                                        padding=ref_meta["padding"],
+                                        dilation=ref_meta["dilation"])), dt)]
+    out, ins = torch_dtype(torch, out_dt), torch_dtype(torch, dt)
+    linear = tb and sets[0]["A"].dim() == 2               # F.linear's case: A @ B^T
+    mm = torch.mm if sets[0]["A"].dim() == 2 else torch.bmm
 
-        def conv(i):
-            c = F.conv2d(xs[i], ws[i], bs[i], stride=ref_meta["stride"],
-                         padding=ref_meta["padding"], dilation=ref_meta["dilation"])
-            return torch.relu_(c) if relu else c
-        return "F.conv2d" + "+relu" * relu, conv, dt
-    out = torch_dtype(torch, out_dt)
-
-    def kw():  # torch >= 2.8: cuBLAS accumulates and writes float32 from fp16 / bf16
-        return {"out_dtype": out} if out_dt != dt else {}
-    bmm = sets[0]["A"].dim() == 3
-    if ref_meta["transpose_b"] and "bias" in epi and not bmm:
-        def linear(i):
-            s = sets[i]
-            c = torch.addmm(s["bias"].to(out), s["A"], s["B"].t(), **kw())
-            return torch.relu_(c) if relu else c
-        return "torch.addmm (F.linear)" + "+relu" * relu, linear, out_dt
-    mm = torch.bmm if bmm else torch.mm
-
-    def matmul(i):
-        s = sets[i]
-        c = mm(s["A"], s["B"].transpose(-1, -2) if ref_meta["transpose_b"] else s["B"], **kw())
-        if "bias" in epi:
-            c = c + s["bias"].to(out)
-        return torch.relu_(c) if relu else c
-    name = ("torch.bmm" if bmm else "F.linear" if ref_meta["transpose_b"] else "torch.matmul")
-    return name + "+bias" * ("bias" in epi) + "+relu" * relu, matmul, out_dt
+    def b(i):
+        return sets[i]["B"].transpose(-1, -2) if tb else sets[i]["B"]
+    found = []
+    if out_dt != dt:
+        if linear and bias:
+            found.append(("torch.addmm (F.linear)" + "+relu" * relu,
+                          lambda i: act(torch.addmm(sets[i]["bias"].to(out), sets[i]["A"], b(i),
+                                                    out_dtype=out)), out_dt))
+        found.append((f"torch.{mm.__name__}" + " (F.linear)" * linear + "+bias" * bias
+                      + "+relu" * relu,
+                      lambda i: tail(mm(sets[i]["A"], b(i), out_dtype=out), i, out), out_dt))
+    if linear:
+        found.append(("F.linear" + "+relu" * relu,
+                      lambda i: act(F.linear(sets[i]["A"], sets[i]["B"],
+                                             sets[i]["bias"].to(ins) if bias else None)), dt))
+    else:
+        found.append(("torch.matmul" + "+bias" * bias + "+relu" * relu,
+                      lambda i: tail(torch.matmul(sets[i]["A"], b(i)), i, ins), dt))
+    return found
 
 
 def run_one(path: Path, args) -> dict:
@@ -336,6 +348,7 @@ def run_one(path: Path, args) -> dict:
 
     torch.backends.cuda.matmul.allow_tf32 = False     # the reference is float32, not TF32
     torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
     meta = json.loads((path / "kernel.json").read_text())
     row = {"kernel": meta.get("operator", path.name), "dir": path.name, "verified": False}
     if meta.get("format") != FORMAT:
@@ -405,29 +418,37 @@ def run_one(path: Path, args) -> dict:
     def flush():
         scratch.zero_()
         sync()
+    def check_and_poison():  # what the back-to-back launches wrote; then the graph's turn
+        res = check(range(n_sets))
+        for o in outs:
+            poison(o)
+        return res
     for o in outs:
         poison(o)
     row.update(timings(launch, args.repeat, args.runs, flush, Clock(cp, torch),
-                       cupy_graph(cp, sync)))
-    row["after"] = check(range(n_sets))
+                       cupy_graph(cp, sync), between=check_and_poison))
+    row["after"] = worse(row.pop("between"), check(range(n_sets)) if "graph_ms" in row else None)
     print(f"  after timing ({n_sets} output copies): {fmt_check(row['after'])}; "
           f"{row['ms']:.4f} ms, graph {row.get('graph_ms', row.get('graph_error'))}", flush=True)
     row["verified"] = row["before"]["ok"] and row["after"]["ok"]
     row["tflops"] = meta["flops"] / (row.get("graph_ms") or row["ms"]) / 1e9
     row["sets"] = n_sets
 
-    try:
-        base = baseline(torch, ref_meta, [{r: t if i == 0 else t.clone() for r, t in real.items()}
-                                          for i in range(n_sets)])
-        if base:
-            name, issue, base_out = base
-            row["baseline"], row["baseline_out"] = name, base_out
-            row["same_dtype"] = base_out == out_p["dtype"]
+    base_sets = [{r: t if i == 0 else t.clone() for r, t in real.items()} for i in range(n_sets)]
+    for name, issue, base_out in baselines(torch, ref_meta, base_sets):
+        try:
             row["base"] = timings(issue, args.repeat, args.runs, flush, Clock("torch", torch),
                                   torch_graph(torch))
-    except Exception as e:  # noqa: BLE001 - the kernel's row stands without a baseline
-        row["baseline_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        except Exception as e:  # noqa: BLE001 - try the next; the row stands without one
+            row["baseline_error"] = f"{name}: {one_line(e)}"
+            continue
+        row.update(baseline=name, baseline_out=base_out, same_dtype=base_out == out_p["dtype"])
+        break
     return row
+
+
+def one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -461,7 +482,7 @@ def table(rows: list[dict]) -> str:
     lines = []
     for r in rows:
         if "error" in r:
-            lines.append((r["kernel"], "-", "ERROR", r["error"], *["-"] * (len(head) - 4)))
+            lines.append((r["kernel"], "-", "ERROR", r["error"][:90], *["-"] * (len(head) - 4)))
             continue
         c = worse(r["before"], r.get("after"))
         base = r.get("base") or {}
@@ -545,8 +566,7 @@ def run_here(path: Path, args) -> dict:
         return run_one(path, args)
     except Exception as e:  # noqa: BLE001 - one failing kernel must not end the run
         traceback.print_exc()
-        return {"kernel": path.name, "error": f"{type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}"[:160]}
+        return {"kernel": path.name, "error": one_line(e)}
 
 
 def run_isolated(path: Path, args) -> dict:

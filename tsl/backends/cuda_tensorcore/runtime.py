@@ -2,7 +2,8 @@
 through CuPy where there is an NVIDIA GPU.
 
 `CupyKernel` launches an exported kernel from its directory (cubin or PTX + kernel.json) with
-nothing but NumPy and CuPy: `benchmarks/tensorcore_cupy.py` uses it on a GPU machine without TVM.
+nothing but NumPy and CuPy; `benchmarks/tensorcore_cupy.py` verifies and times such directories
+on a GPU machine without tsl or TVM (export.py: what kernel.json tells it).
 """
 
 from __future__ import annotations
