@@ -199,8 +199,11 @@ def random_tensor(torch, shape, dtype: str, device, gen):
 
 
 def poison(t):
-    t.fill_(math.nan if t.is_floating_point() else -(2 ** 31) if t.element_size() == 4
-            else -128)
+    """NaN, or the integer an int8 / int32 epilogue's clip never yields."""
+    import torch
+
+    info = None if t.is_floating_point() else torch.iinfo(t.dtype)
+    t.fill_(math.nan if info is None else info.min if t.dtype.is_signed else info.max)
 
 
 def crop(t, shape):
@@ -530,7 +533,8 @@ def describe_gpu(cp) -> dict:
         print(f"torch {torch.__version__} (CUDA {torch.version.cuda})")
     except ImportError:
         print("torch: not installed (needed for the references and the baselines)")
-    return {"l2_bytes": int(props["l2CacheSize"]) or 64 * 2 ** 20}
+    return {"name": name, "arch": f"sm_{cc}", "driver": version_str(drv),
+            "runtime": version_str(rt), "l2_bytes": int(props["l2CacheSize"]) or 64 * 2 ** 20}
 
 
 def kernel_dirs(root: Path) -> list[Path]:
@@ -554,6 +558,8 @@ def run(args) -> int:
         rows.append(run_isolated(path, args) if args.isolate else run_here(path, args))
     print()
     print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"gpu": info, "seed": args.seed, "rows": rows}, indent=1))
     good = sum(r.get("verified", False) for r in rows)
     print(f"\n{good} of {len(rows)} kernels verified before and after timing"
           + ("" if good == len(rows) else "; FAILED: " + ", ".join(
@@ -605,6 +611,7 @@ def main(argv=None) -> int:
                         "stand-in CuPy of tests/gpu_standin (the rehearsal)")
     r.add_argument("--l2-bytes", type=int, default=0, help="default: the GPU's L2 size")
     r.add_argument("--timeout", type=float, default=300, help="seconds per kernel")
+    r.add_argument("--json", type=Path, help="also write every row, unrounded, to this file")
     r.add_argument("--no-isolate", dest="isolate", action="store_false",
                    help="run every kernel in this process")
     r.add_argument("--row", type=Path, help=argparse.SUPPRESS)  # the child's result file
