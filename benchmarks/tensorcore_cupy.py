@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -211,24 +210,28 @@ def crop(t, shape):
 
 
 class Clock:
-    """CUDA events of CuPy (the tsl kernel) or torch (the baselines) on one stream."""
+    """CUDA events on one stream (None: the current one), CuPy's or torch's."""
 
-    def __init__(self, lib, torch, stream=None):
-        self.lib, self.torch, self.stream = lib, torch, stream
+    def __init__(self, new_event, elapsed, stream=None):
+        self.new_event, self.elapsed, self.stream = new_event, elapsed, stream
 
     def event(self):
-        if self.lib == "torch":
-            return self.torch.cuda.Event(enable_timing=True)
-        return self.lib.cuda.Event()
+        return self.new_event()
 
     def record(self, ev):
         ev.record(self.stream) if self.stream is not None else ev.record()
 
     def elapsed_ms(self, start, end) -> float:
         end.synchronize()
-        if self.lib == "torch":
-            return start.elapsed_time(end)
-        return self.lib.cuda.get_elapsed_time(start, end)
+        return self.elapsed(start, end)
+
+
+def cupy_clock(cp, stream=None) -> Clock:
+    return Clock(cp.cuda.Event, cp.cuda.get_elapsed_time, stream)
+
+
+def torch_clock(torch) -> Clock:
+    return Clock(lambda: torch.cuda.Event(enable_timing=True), lambda s, e: s.elapsed_time(e))
 
 
 def median_per_launch(clock: Clock, body, launches: int, runs: int, flush) -> float:
@@ -274,7 +277,7 @@ def cupy_graph(cp, sync):
             stream.begin_capture()
             body()
             g = stream.end_capture()
-        return (lambda: g.launch(stream=stream)), Clock(cp, None, stream)
+        return (lambda: g.launch(stream=stream)), cupy_clock(cp, stream)
     return capture
 
 
@@ -283,7 +286,7 @@ def torch_graph(torch):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             body()
-        return g.replay, Clock("torch", torch)
+        return g.replay, torch_clock(torch)
     return capture
 
 
@@ -428,7 +431,7 @@ def run_one(path: Path, args) -> dict:
         return res
     for o in outs:
         poison(o)
-    row.update(timings(launch, args.repeat, args.runs, flush, Clock(cp, torch),
+    row.update(timings(launch, args.repeat, args.runs, flush, cupy_clock(cp),
                        cupy_graph(cp, sync), between=check_and_poison))
     row["after"] = worse(row.pop("between"), check(range(n_sets)) if "graph_ms" in row else None)
     print(f"  after timing ({n_sets} output copies): {fmt_check(row['after'])}; "
@@ -440,7 +443,7 @@ def run_one(path: Path, args) -> dict:
     base_sets = [{r: t if i == 0 else t.clone() for r, t in real.items()} for i in range(n_sets)]
     for name, issue, base_out in baselines(torch, ref_meta, base_sets):
         try:
-            row["base"] = timings(issue, args.repeat, args.runs, flush, Clock("torch", torch),
+            row["base"] = timings(issue, args.repeat, args.runs, flush, torch_clock(torch),
                                   torch_graph(torch))
         except Exception as e:  # noqa: BLE001 - try the next; the row stands without one
             row["baseline_error"] = f"{name}: {one_line(e)}"

@@ -15,7 +15,7 @@ import pytest
 
 import tsl
 import wmma_emulator
-from tsl.backends.cuda_tensorcore import codegen
+from tsl.backends.cuda_tensorcore import codegen, export
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "tensorcore_cupy.py"
@@ -40,6 +40,15 @@ def test_image_follows_the_driver():
     assert script.choose_image(hopper, "sm_90", 12080)[0] == "k_sm_90a.cubin"
     with pytest.raises(RuntimeError):
         script.choose_image(hopper, "sm_100", 13000)              # wgmma code is sm_90 only
+
+
+def test_cubins_for_every_architecture_the_ptx_assembles_for():
+    assert export.cubin_archs("sm_80") == ["sm_80", "sm_86", "sm_89", "sm_90"]
+    assert export.cubin_archs("sm_89") == ["sm_89", "sm_90"]
+    assert export.cubin_archs("sm_90a") == ["sm_90a"]    # wgmma code: sm_90 only
+    assert export.ptx_facts("//\n.version 9.0\n.target sm_80\n") == ("9.0", "sm_80")
+    with pytest.raises(tsl.LoweringError, match="no .version"):
+        export.ptx_facts("// not PTX")
 
 
 def gemm_like(shape, k=4096, seed=0):
@@ -96,6 +105,12 @@ def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("kernels")
     for name, op in OPS.items():
         tsl.build(op(), target="tensorcore-sm80").export(root / name)
+    conv = json.loads((root / "c_conv_f16" / "kernel.json").read_text())
+    assert conv["format"] == script.FORMAT and conv["reference"]["reduction"] == 3 * 3 * 3
+    assert [p["real_shape"] for p in conv["params"]] == [[2, 9, 9, 3], [3, 3, 3, 20],
+                                                         [2, 9, 9, 20]]
+    for arch, cubin in conv["images"]["cubin"].items():   # ptxas' ELF for sm_80 .. sm_90
+        assert (root / "c_conv_f16" / cubin).read_bytes()[:4] == b"\x7fELF", arch
     bad_name = shutil.copytree(root / "a_dense_bf16", root / "b_wrong_entry")
     meta = json.loads((bad_name / "kernel.json").read_text())
     (bad_name / "kernel.json").write_text(json.dumps(meta | {"kernel": "no_such_kernel"}))

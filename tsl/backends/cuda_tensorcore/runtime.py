@@ -204,9 +204,10 @@ class TensorCoreArtifact(Artifact):
         return not problems, summary + "".join(f"; FAIL: {p}" for p in problems)
 
     def export(self, path) -> Path:
-        """Write kernel.cu, the PTX and cubin for the machine's arch, and kernel.json with
-        everything CuPy's RawModule needs to launch it (name, grid, block, dynamic shared
-        memory, parameters in order with shapes and dtypes)."""
+        """Write kernel.cu, the PTX, a cubin for every architecture it assembles for
+        (export.py), and kernel.json with everything CuPy's RawModule needs to launch it
+        (name, grid, block, dynamic shared memory, parameters in order with shapes and dtypes)
+        and to check it (the reference operator)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         ptx, cubin, rep = self._compile()
