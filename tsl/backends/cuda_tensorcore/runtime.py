@@ -2,7 +2,8 @@
 through CuPy where there is an NVIDIA GPU.
 
 `CupyKernel` launches an exported kernel from its directory (cubin or PTX + kernel.json) with
-nothing but NumPy and CuPy: `benchmarks/tensorcore_cupy.py` uses it on a GPU machine without TVM.
+nothing but NumPy and CuPy; `benchmarks/tensorcore_cupy.py` verifies and times such directories
+on a GPU machine without tsl or TVM (export.py: what kernel.json tells it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ...artifact import Artifact
 from ...errors import BackendUnavailable, LoweringError
 from ...model import Estimate
 from ...ops.operator import np_dtype
-from . import codegen, model
+from . import codegen, export, model
 
 INSTRUCTIONS = {"wmma.mma": r"wmma\.mma\.sync", "mma.sync": r"\bmma\.sync\.aligned",
                 "wmma.load": r"wmma\.load", "ldmatrix": r"ldmatrix",
@@ -203,15 +204,15 @@ class TensorCoreArtifact(Artifact):
         return not problems, summary + "".join(f"; FAIL: {p}" for p in problems)
 
     def export(self, path) -> Path:
-        """Write kernel.cu, the PTX and cubin for the machine's arch, and kernel.json with
-        everything CuPy's RawModule needs to launch it (name, grid, block, dynamic shared
-        memory, parameters in order with shapes and dtypes)."""
+        """Write kernel.cu, the PTX, a cubin for every architecture it assembles for
+        (export.py), and kernel.json with everything CuPy's RawModule needs to launch it
+        (name, grid, block, dynamic shared memory, parameters in order with shapes and dtypes)
+        and to check it (the reference operator)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         ptx, cubin, rep = self._compile()
         (path / "kernel.cu").write_text(self.kernel.source)
-        (path / f"kernel_{self.arch}.ptx").write_text(ptx)
-        (path / f"kernel_{self.arch}.cubin").write_bytes(cubin)
+        images = export.write_images(path, ptx, cubin)
         big = self.ctx.op
         tensors = list(big.inputs) + [big.output]
         # The output is the kernel's last parameter: "out" after an epilogue, else "C".
@@ -219,10 +220,17 @@ class TensorCoreArtifact(Artifact):
         if names[:-1] != [f"{t.name}_ptr" for t in big.inputs] or len(names) != len(tensors):
             raise LoweringError(f"kernel parameters {self.kernel.params} are not the operator's "
                                 f"tensors {[t.name for t in tensors]} in order")
+        # Each parameter is its operator tensor zero-padded at the end of every axis.
+        if self.ctx.layouts or self.ctx.unsigned_a or self.ctx.b_dtype:
+            raise LoweringError(f"{self.op}: the export describes each input as the operator's "
+                                f"tensor zero-padded; this kernel's inputs are transformed "
+                                f"further (layouts, compensation or a B dtype)")
+        real = {t.role: t for t in list(self.op.inputs) + [self.op.output]}
         meta = self.kernel.launch() | {
             "arch": self.arch, "machine": self.machine.name, "operator": str(self.op),
             "ptx": f"kernel_{self.arch}.ptx", "cubin": f"kernel_{self.arch}.cubin",
-            "params": [{"name": name, "dtype": t.dtype, "shape": list(t.shape), "role": t.role}
+            "params": [{"name": name, "dtype": t.dtype, "shape": list(t.shape), "role": t.role,
+                        "kind": "pointer", "real_shape": list(real[t.role].shape)}
                        for (name, _), t in zip(self.kernel.params, tensors)],
             "shapes": {t.name: list(t.shape) for t in list(self.op.inputs) + [self.op.output]},
             "op": {"name": self.op.name, "dtype": self.op.dtype,
@@ -235,6 +243,8 @@ class TensorCoreArtifact(Artifact):
                                                        "layout")}
                       if self.op.name == "conv2d" else {})},
             "flops": 2 * self.op.macs,
+            # benchmarks/tensorcore_cupy.py reads these (see export.py)
+            "format": export.FORMAT, "images": images, "reference": export.reference(self.op),
             "resources": {k: v for k, v in rep.items() if k != "log"}}
         (path / "kernel.json").write_text(json.dumps(meta, indent=1))
         return path
