@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...backend import Backend
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
-from . import codegen
+from . import codegen, hopper
 from .lowering import TensorCoreLowering
 from .runtime import TensorCoreArtifact
 
@@ -22,7 +22,9 @@ class TensorCoreBackend(Backend):
     def unavailable(self, machine, **options) -> str | None:
         return None  # CUDA source is generated without a GPU; nvcc is checked where needed
 
-    def build(self, schedule, **options) -> TensorCoreArtifact:
+    def build(self, schedule, wgmma: bool = True, **options) -> TensorCoreArtifact:
+        if wgmma and hopper.applies(schedule):  # sm_90a: TMA + wgmma (hopper.py)
+            return hopper.build(schedule)
         ctx = lower(schedule, TensorCoreLowering(schedule.machine, schedule.primitive))
         return TensorCoreArtifact(schedule, ctx, codegen.generate(ctx.sch.mod, schedule.machine))
 

@@ -119,11 +119,10 @@ def kernel_func(p):
                 if t > 0 and tx % 128 == 0:
                     T.ptx["mbarrier.arrive.shared::cta.b64"](T.address_of(empty[(t - 1) % S]))
             T.ptx.wgmma.wait_group.sync.aligned(0)
-            lane = T.meta_var(tx % 32)
-            row = T.meta_var(m0 + wg * 64 + (tx % 128) // 32 * 16 + lane // 4)
             for i in T.unroll(NACC):
-                r = T.meta_var(row + 8 * ((i // 2) % 2))
-                c = T.meta_var(n0 + 8 * (i // 4) + 2 * (lane % 4) + i % 2)
+                rc = T.meta_var(L.accumulator(i, tx % 32, (tx % 128) // 32))
+                r = T.meta_var(m0 + wg * L.WGMMA_M + rc[0])
+                c = T.meta_var(n0 + rc[1])
                 if r < M and c < N:
                     if has_bias:
                         acc[i] = acc[i] + bias[c]
