@@ -235,6 +235,38 @@ def test_export_describes_the_tensor_maps(built, tmp_path):
     assert meta["dynamic_shared_bytes"] == art.plan.stages * art.plan.stage_bytes
 
 
+def test_tensor_maps_reach_the_driver_as_exported(built):
+    """tma_launch (the GPU script's way to launch without TVM) passes kernel.json's tensor
+    maps to cuTensorMapEncodeTiled and orders the kernel's arguments as its parameters."""
+    import ctypes
+
+    from tsl.backends.cuda_tensorcore import tma_launch
+
+    art = built(tsl.ops.matmul(256, 256, 128, dtype="bfloat16"))
+    specs = hopper.tensor_maps(art.plan)
+    calls = []
+
+    class Driver:
+        def cuTensorMapEncodeTiled(self, tmap, dtype, rank, addr, dims, strides, box, elem, *rest):
+            r = rank.value
+            calls.append((dtype.value, addr.value, list(dims), list(strides)[:r - 1], list(box),
+                          [x.value for x in rest]))
+            assert tmap.value % 64 == 0
+            return 0
+
+    maps = {s["tensor"]: tma_launch.encode(s, 4096 * (i + 1), Driver())
+            for i, s in enumerate(specs)}
+    assert calls[0] == (9, 4096, [128, 256], [256], [64, art.plan.block_m], [0, 3, 0, 0])
+    assert calls[1] == (9, 8192, [256, 128], [512], [64, 64], [0, 3, 0, 0])  # B [K, N]: n inner
+    meta = {"params": [{"name": n, "kind": "tensormap" if k == "CUtensorMap" else "pointer",
+                        "tensor": {"A_map": "A", "B_map": "B", "out_ptr": "out"}[n]}
+                       for n, k in art.kernel.params]}
+    args = tma_launch.arguments(meta, {"out": 77}, maps)
+    assert args[:2] == [maps["A"], maps["B"]] and isinstance(args[2], ctypes.c_uint64)
+    with pytest.raises(KeyError, match="out"):
+        tma_launch.arguments(meta, {}, maps)
+
+
 def test_run_without_gpu_is_backend_unavailable(built):
     art = built(tsl.ops.matmul(256, 256, 128, dtype="bfloat16"))
     if hopper.gpu_missing() is None:
