@@ -39,7 +39,7 @@ ARCH = "sm_90a"  # wgmma and setmaxnreg exist only in the arch-specific target
 BLOCKS = ((128, 256), (128, 128), (64, 128), (64, 64))  # (BM, BN), best first
 MAX_STAGES = 6
 PRODUCER_THREADS = 128  # one warpgroup; one of its threads issues the TMA copies
-BARRIER_BYTES = 64  # the full / empty mbarriers (static shared memory, 2 x 8 B per stage max)
+BARRIER_BYTES = 16  # per stage: its full and empty mbarriers (in the dynamic shared memory)
 INSTRUCTIONS = {"wgmma.mma_async": r"wgmma\.mma_async", "cp.async.bulk.tensor":
                 r"cp\.async\.bulk\.tensor", "mbarrier": r"mbarrier\.", "setmaxnreg": r"setmaxnreg"}
 
@@ -69,6 +69,11 @@ class Plan:
     def stage_bytes(self) -> int:
         return (self.block_m + self.block_n) * L.BLOCK_K * 2
 
+    @property
+    def shared_bytes(self) -> int:
+        """The kernel's dynamic shared memory: tiles and barriers of every stage."""
+        return self.stages * (self.stage_bytes + BARRIER_BYTES)
+
 
 def applies(schedule) -> bool:
     """Whether `schedule`'s operator and machine take the sm_90a wgmma kernel."""
@@ -90,9 +95,9 @@ def plan(op, machine) -> Plan:
     sms = machine.cores()
     bm, bn = next(((bm, bn) for bm, bn in BLOCKS
                    if math.ceil(M / bm) * math.ceil(N / bn) >= sms), BLOCKS[-1])
-    smem = machine.levels("scratchpad")[0].capacity - BARRIER_BYTES
+    smem = machine.levels("scratchpad")[0].capacity
     kinds = [s.kind for s in op.epilogue.steps]
-    stages = min(MAX_STAGES, smem // ((bm + bn) * L.BLOCK_K * 2),
+    stages = min(MAX_STAGES, smem // ((bm + bn) * L.BLOCK_K * 2 + BARRIER_BYTES),
                  max(2, math.ceil(K / L.BLOCK_K)))
     return Plan(M, N, K, op.dtype, bool(op.params["transpose_b"]), "bias" in kinds,
                 "relu" in kinds, bm, bn, stages)
@@ -144,7 +149,7 @@ class HopperArtifact(TensorCoreArtifact):
     def __init__(self, schedule, p: Plan, mod, source: str):
         kernel = codegen.Kernel(
             "main_kernel", source, (p.tiles, 1, 1), (p.threads, 1, 1),
-            p.stages * p.stage_bytes, BARRIER_BYTES, 0,
+            p.shared_bytes, 0, 0,
             tuple([("A_map", "CUtensorMap"), ("B_map", "CUtensorMap")]
                   + ([("bias_ptr", "float32")] if p.bias else []) + [("out_ptr", "float32")]))
         super().__init__(schedule, None, kernel)

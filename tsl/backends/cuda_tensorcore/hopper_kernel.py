@@ -13,13 +13,19 @@ One CTA computes a BM x BN tile of C with 1 + BM/64 warpgroups:
         (f32) straight from registers to global memory, rows and columns predicated
 
 Layout numbers (TMA boxes, swizzle, descriptors, accumulator fragments) come from
-hopper_layout.py. The TIRx ops used are TVM's own (`T.ptx[...]`, `T.cuda.wgmma.*`,
-`T.tensormap_encode_tiled`): TVM 0.27 has no wgmma `tile_primitive.gemm` (its gemm dispatches
-are mma.sync and the sm_100 tcgen05), so the kernel is written at that level.
+hopper_layout.py. What TVM 0.27 ships is used where it fits: `tvm.backend.cuda.lang`'s
+SMEMPool (the one dynamic shared allocation), Pipeline (full = TMA mbarriers armed with
+expect_tx, empty = plain mbarriers) and WarpgroupRole (guard + setmaxnreg);
+`T.cuda.wgmma.encode_matrix_descriptor`, `T.tensormap_encode_tiled` (host) and `T.ptx[...]`
+for wgmma / cp.async.bulk.tensor. Not used, and why: TVM 0.27 has no wgmma gemm tile primitive
+(`tile_primitive.gemm` dispatches mma.sync, `gemm_async` only sm_100 tcgen05), so the mainloop
+is written at the T.ptx level; `lang.SmemDescriptor` encodes tcgen05 descriptors (another bit
+layout), not wgmma's.
 """
 
 from __future__ import annotations
 
+from tvm.backend.cuda.lang import Pipeline, SMEMPool, WarpgroupRole
 from tvm.script import tirx as T
 
 from . import hopper_layout as L
@@ -39,6 +45,7 @@ def kernel_func(p):
     a_stage, b_stage = BM * BK, BN * BK  # elements
     tx_bytes = (a_stage + b_stage) * 2
     b_base = S * a_stage
+    smem_bytes = p.shared_bytes  # tiles + full / empty barriers
     b_shape = (N, K) if k_major else (K, N)
     b_dims = (K, N) if k_major else (N, K)  # TMA: innermost first
     b_box = (BK, BN) if k_major else (64, BK)
@@ -59,54 +66,52 @@ def kernel_func(p):
     def body(A, B, bias, C, A_map, B_map):
         T.device_entry()
         bid = T.cta_id([tiles])
-        tx = T.thread_id([threads])
-        # one dynamic allocation (TVM allows one): S stages of A, then S stages of B
-        smem = T.alloc_buffer((S * (a_stage + b_stage),), dt, scope="shared.dyn", align=1024)
-        full = T.alloc_shared((S,), "uint64", align=8)
-        empty = T.alloc_shared((S,), "uint64", align=8)
+        wg = T.warpgroup_id([WG + 1])
+        tid = T.thread_id_in_wg([128])
+        # the dynamic shared memory: S stages of A, S stages of B, then the pipeline's full /
+        # empty mbarriers; its base 1024-byte aligned (the 128-byte swizzle's period)
+        dyn = T.alloc_buffer((smem_bytes,), "uint8", scope="shared.dyn", align=1024)
+        pool = T.meta_var(SMEMPool(dyn.data))
+        smem = pool.alloc((S * (a_stage + b_stage),), dt, align=1024)
+        pipe = T.meta_var(Pipeline(pool, S, full="tma", empty="mbar", init_empty=WG))
         acc = T.alloc_local((NACC,), "float32")
         desc_a: T.uint64
         desc_b: T.uint64
         m0 = T.meta_var((bid % tiles_m) * BM)
         n0 = T.meta_var((bid // tiles_m) * BN)
-        if tx == 0:
-            for s in T.serial(S):
-                T.ptx.mbarrier.init.shared.b64(T.address_of(full[s]), T.uint32(1))
-                T.ptx.mbarrier.init.shared.b64(T.address_of(empty[s]), T.uint32(WG))
-            T.ptx.fence.proxy.async_.shared__cta()
+        T.ptx.fence.proxy.async_.shared__cta()
         T.cuda.cta_sync()
-        if tx < 128:
-            T.ptx["setmaxnreg.dec.sync.aligned.u32"](40)
-            if tx == 0:
+        with WarpgroupRole(wg, 0, regs=40):
+            if tid == 0:
                 for t in T.serial(k_tiles):
-                    T.cuda.mbarrier_wait(T.address_of(empty[t % S]), ((t // S) % 2) ^ 1)
-                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(
-                        T.address_of(full[t % S]), T.uint32(tx_bytes))
+                    pipe.empty.wait(t % S, ((t // S) % 2) ^ 1)
+                    pipe.full.arrive(t % S, tx_count=tx_bytes)
                     T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
                         T.address_of(smem[(t % S) * a_stage]), T.address_of(A_map),
-                        t * BK, m0, T.address_of(full[t % S]))
+                        t * BK, m0, pipe.full.ptr_to([t % S]))
                     for j in T.unroll(len(boxes)):
                         if k_major:
                             T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
                                 T.address_of(smem[b_base + (t % S) * b_stage]), T.address_of(B_map),
-                                t * BK, n0, T.address_of(full[t % S]))
+                                t * BK, n0, pipe.full.ptr_to([t % S]))
                         else:
                             T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
                                 T.address_of(smem[b_base + (t % S) * b_stage + j * (BK * 64)]),
                                 T.address_of(B_map), n0 + j * 64, t * BK,
-                                T.address_of(full[t % S]))
-        else:
+                                pipe.full.ptr_to([t % S]))
+        # WarpgroupRole(wg, (1, WG + 1), ...) is the consumers' role, but its range guard
+        # (`start <= wg and wg < stop`) fails to parse in TVM 0.27: the same guard, spelled out
+        if wg > 0:
             T.ptx["setmaxnreg.inc.sync.aligned.u32"](232)
-            wg = T.meta_var(tx // 128 - 1)
             for i in T.unroll(NACC):
                 acc[i] = T.float32(0)
             for t in T.serial(k_tiles):
-                T.cuda.mbarrier_wait(T.address_of(full[t % S]), (t // S) % 2)
+                pipe.full.wait(t % S, (t // S) % 2)
                 T.ptx.wgmma.fence.sync.aligned()
                 for kk in T.unroll(BK // 16):
                     T.cuda.wgmma.encode_matrix_descriptor(
                         T.address_of(desc_a),
-                        T.address_of(smem[(t % S) * a_stage + wg * a_wg_off + kk * a_kk_off]),
+                        T.address_of(smem[(t % S) * a_stage + (wg - 1) * a_wg_off + kk * a_kk_off]),
                         a_lbo, a_sbo, L.SWIZZLE_128B)
                     T.cuda.wgmma.encode_matrix_descriptor(
                         T.address_of(desc_b),
@@ -116,12 +121,12 @@ def kernel_func(p):
                                trans_b)
                 T.ptx.wgmma.commit_group.sync.aligned()
                 T.ptx.wgmma.wait_group.sync.aligned(1)
-                if t > 0 and tx % 128 == 0:
-                    T.ptx["mbarrier.arrive.shared::cta.b64"](T.address_of(empty[(t - 1) % S]))
+                if t > 0 and tid == 0:
+                    pipe.empty.arrive((t - 1) % S)
             T.ptx.wgmma.wait_group.sync.aligned(0)
             for i in T.unroll(NACC):
-                rc = T.meta_var(L.accumulator(i, tx % 32, (tx % 128) // 32))
-                r = T.meta_var(m0 + wg * L.WGMMA_M + rc[0])
+                rc = T.meta_var(L.accumulator(i, tid % 32, tid // 32))
+                r = T.meta_var(m0 + (wg - 1) * L.WGMMA_M + rc[0])
                 c = T.meta_var(n0 + rc[1])
                 if r < M and c < N:
                     if has_bias:
