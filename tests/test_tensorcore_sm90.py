@@ -72,7 +72,7 @@ def test_plan_gives_every_sm_a_tile_when_it_can():
 def test_suite_gemm_compiles_for_sm90a_with_wgmma_and_tma(built, op):
     art = built(op)
     assert isinstance(art, hopper.HopperArtifact)
-    ok, summary = art.check()
+    ok, summary = art.check("sm_90")  # sm_90 means sm_90a for this kernel
     assert ok, summary
     ptx = art.ptx()
     assert "wgmma.mma_async.sync.aligned.m64n" in ptx
@@ -90,6 +90,8 @@ def test_ragged_shape_compiles_with_predicated_stores(built):
                               + tsl.ops.relu()))
     assert isinstance(art, hopper.HopperArtifact) and art.check()[0]
     assert "max(" in art.source() and "bias_ptr[" in art.source()
+    with pytest.raises(tsl.LoweringError, match="sm_80 cannot run"):
+        art.ptx("sm_80")
 
 
 # -- layouts against the PTX ISA -----------------------------------------------------------------

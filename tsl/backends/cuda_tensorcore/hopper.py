@@ -161,6 +161,15 @@ class HopperArtifact(TensorCoreArtifact):
     def arch(self) -> str:
         return ARCH
 
+    def _compile(self, arch: str | None = None) -> tuple[str, bytes, dict]:
+        """sm_90 means sm_90a here (wgmma and setmaxnreg exist only there); another arch
+        cannot run this kernel: LoweringError."""
+        if arch not in (None, "sm_90", ARCH):
+            raise LoweringError(f"{self.op} was built as an sm_90a wgmma kernel, which {arch} "
+                                f"cannot run: build it for that machine instead "
+                                f"(tsl.build(op, 'tensorcore-sm80'), or wgmma=False)")
+        return super()._compile(ARCH)
+
     @property
     def mod(self):
         """The TIRx module (host part encodes the tensor maps, device part is the kernel)."""
