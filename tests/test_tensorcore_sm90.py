@@ -52,6 +52,8 @@ def test_dispatch(built):
     assert not hopper.applies(tsl.schedule(small, "tensorcore-sm80"))
     assert not isinstance(tsl.build(small, "tensorcore-sm90", wgmma=False),
                           hopper.HopperArtifact)
+    assert not isinstance(tsl.build(small, "tensorcore-sm90", knobs={"stages": 1}),
+                          hopper.HopperArtifact)  # knobs describe the warp-level schedule
     for op in (tsl.ops.matmul(64, 64, 64, dtype="int8"),
                tsl.ops.matmul(64, 64, 60, dtype="float16")):  # K rows not 16-byte multiples
         assert not hopper.applies(tsl.schedule(op, "tensorcore-sm90"))

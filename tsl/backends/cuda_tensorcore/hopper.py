@@ -3,8 +3,9 @@ warp-specialized TMA + wgmma kernel (hopper_kernel.py), built through TVM's TIRx
 
 Selected by the back end for a machine whose arch is sm_90 when `applies(schedule)`; every
 other operator (int8, conv2d, batched, other epilogues, strides TMA cannot describe) keeps the
-warp-level path. `tsl.build(op, "tensorcore-sm90", wgmma=False)` asks for the warp-level
-kernel on sm_90 too.
+warp-level path, and so does a schedule function or knobs given to tsl.build (they describe
+the warp-level kernel). `tsl.build(op, "tensorcore-sm90", wgmma=False)` asks for the
+warp-level kernel on sm_90 too.
 
 The plan is the shape's: TSL's GEMM schedule tiles for a warp-level primitive (16x16x16), and
 a wgmma kernel's block tile is a multiple of a warpgroup's 64 rows, so the block tile is the
