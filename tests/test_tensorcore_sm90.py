@@ -131,7 +131,7 @@ def source_descriptors(src: str) -> list[tuple[int, int, int]]:
         r"(\d+), (\d+), (\d+)\);", src)]
 
 
-def emulate_stage(a, b, k_major, block_n, a_fields, b_fields, boxes=None):
+def emulate_stage(a, b, k_major, block_n, a_fields, b_fields):
     """C = A @ B over one 64-deep stage, through TMA writes, descriptor reads and the
     accumulator fragment map (2 consumer warpgroups)."""
     bm = a.shape[0]
@@ -141,7 +141,7 @@ def emulate_stage(a, b, k_major, block_n, a_fields, b_fields, boxes=None):
     if k_major:
         tma_write(smem, b0, b.T.copy())  # [N, K]
     else:
-        for off, n in boxes or L.b_boxes(block_n, False):
+        for off, n in L.b_boxes(block_n, False):
             tma_write(smem, b0 + off, b[:, n:n + 64].copy())
     c = np.zeros((bm, block_n))
     for wg in range(bm // 64):
@@ -190,7 +190,7 @@ def test_stage_layout_matches_the_isa(built, k_major):
     b_fields = L.b_descriptor(0, 0, k_major).encoded()
     assert all(d[2] == L.SWIZZLE_128B for d in descs)
     assert b_fields in [d[:2] for d in descs]  # the kernel encodes what is emulated here
-    maps = hopper.tensor_maps(p)
+    maps = L.tensor_maps(p)
     assert maps[0]["box"] == [64, p.block_m] and maps[0]["swizzle"] == L.SWIZZLE_128B
     rng = np.random.default_rng(0)
     bn = 128
@@ -242,7 +242,7 @@ def test_tensor_maps_reach_the_driver_as_exported(built):
     from tsl.backends.cuda_tensorcore import tma_launch
 
     art = built(tsl.ops.matmul(256, 256, 128, dtype="bfloat16"))
-    specs = hopper.tensor_maps(art.plan)
+    specs = L.tensor_maps(art.plan)
     calls = []
 
     class Driver:

@@ -129,20 +129,6 @@ def generate(p: Plan, machine):
     return mod, source
 
 
-def tensor_maps(p: Plan) -> list[dict]:
-    """The two CUtensorMaps the kernel takes (its first parameters, by value as
-    `const __grid_constant__ CUtensorMap`), as cuTensorMapEncodeTiled's arguments: encoded on
-    the host from the A and B device pointers before the launch."""
-    b_dims = [p.k, p.n] if p.b_k_major else [p.n, p.k]
-    b_box = [L.BLOCK_K, p.block_n] if p.b_k_major else [64, L.BLOCK_K]
-    common = {"dtype": p.dtype, "rank": 2, "element_strides": [1, 1], "interleave": 0,
-              "swizzle": L.SWIZZLE_128B, "l2_promotion": 0, "oob_fill": 0}
-    return [{"tensor": "A", "dims": [p.k, p.m], "strides_bytes": [p.k * 2],
-             "box": [L.BLOCK_K, p.block_m]} | common,
-            {"tensor": "B", "dims": b_dims, "strides_bytes": [b_dims[0] * 2], "box": b_box}
-            | common]
-
-
 class HopperArtifact(TensorCoreArtifact):
     """A TensorCoreArtifact whose kernel is the TIRx wgmma one: same PTX / resources / export
     / estimate surface, `arch` sm_90a, tensor maps instead of A and B pointers."""
@@ -225,7 +211,7 @@ class HopperArtifact(TensorCoreArtifact):
         meta = self.kernel.launch() | {
             "arch": ARCH, "machine": self.machine.name, "operator": str(op),
             "ptx": f"kernel_{ARCH}.ptx", "cubin": f"kernel_{ARCH}.cubin", "params": params,
-            "tensor_maps": tensor_maps(self.plan),
+            "tensor_maps": L.tensor_maps(self.plan),
             "shapes": {t.name: list(t.shape) for t in by_name.values()},
             "op": {"name": op.name, "dtype": op.dtype,
                    "transpose_b": bool(op.params.get("transpose_b")),

@@ -47,8 +47,6 @@ def kernel_func(p):
     b_base = S * a_stage
     smem_bytes = p.shared_bytes  # tiles + full / empty barriers
     b_shape = (N, K) if k_major else (K, N)
-    b_dims = (K, N) if k_major else (N, K)  # TMA: innermost first
-    b_box = (BK, BN) if k_major else (64, BK)
     boxes = [(off // 2, n) for off, n in L.b_boxes(BN, k_major)]  # (element offset, n offset)
     a_desc = [L.a_descriptor(0, 0, kk) for kk in range(BK // L.WGMMA_K)]
     b_desc = [L.b_descriptor(0, kk, k_major) for kk in range(BK // L.WGMMA_K)]
@@ -60,7 +58,6 @@ def kernel_func(p):
     mma = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{ab}.{ab}"
     trans_b = 0 if k_major else 1
     has_bias, has_relu = p.bias, p.relu
-    threads = 128 * (WG + 1)
 
     @T.macro
     def body(A, B, bias, C, A_map, B_map):
@@ -135,8 +132,9 @@ def kernel_func(p):
                         acc[i] = T.max(acc[i], T.float32(0))
                     C[r, c] = acc[i]
 
-    a_args = (K, M, K * 2, BK, BM, 1, 1)
-    b_args = (*b_dims, b_dims[0] * 2, *b_box, 1, 1)
+    a_map, b_map = L.tensor_maps(p)
+    a_args = (*a_map["dims"], *a_map["strides_bytes"], *a_map["box"], *a_map["element_strides"])
+    b_args = (*b_map["dims"], *b_map["strides_bytes"], *b_map["box"], *b_map["element_strides"])
 
     if has_bias:
         @T.prim_func

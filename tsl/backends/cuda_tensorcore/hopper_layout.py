@@ -75,3 +75,17 @@ def accumulator(i: int, lane: int, warp: int) -> tuple[int, int]:
     """(row, column) in the warpgroup's 64 x N tile of f32 accumulator register `i` of `lane`
     in warp `warp` (0..3) of the warpgroup (m64nNk16 D fragment)."""
     return (16 * warp + lane // 4 + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * (lane % 4) + i % 2)
+
+
+def tensor_maps(p) -> list[dict]:
+    """The two CUtensorMaps the kernel takes (its first parameters, by value as
+    `const __grid_constant__ CUtensorMap`), as cuTensorMapEncodeTiled's arguments: encoded on
+    the host from the A and B device pointers before the launch."""
+    b_dims = [p.k, p.n] if p.b_k_major else [p.n, p.k]
+    b_box = [BLOCK_K, p.block_n] if p.b_k_major else [64, BLOCK_K]
+    common = {"dtype": p.dtype, "rank": 2, "element_strides": [1, 1], "interleave": 0,
+              "swizzle": SWIZZLE_128B, "l2_promotion": 0, "oob_fill": 0}
+    return [{"tensor": "A", "dims": [p.k, p.m], "strides_bytes": [p.k * 2],
+             "box": [BLOCK_K, p.block_m]} | common,
+            {"tensor": "B", "dims": b_dims, "strides_bytes": [b_dims[0] * 2], "box": b_box}
+            | common]
