@@ -80,7 +80,9 @@ def _build(op, machine, database):
            id(database) if database is not None and not isinstance(database, dict)
            else json.dumps(database, sort_keys=True, default=str))
     if key not in _BUILDS:
-        _BUILDS[key] = build(op, machine, knobs=database)
+        # the warp-level kernel: the sm_90a wgmma one is a TIRx function whose host part
+        # encodes TMA descriptors, which Relax's lowering does not take
+        _BUILDS[key] = build(op, machine, knobs=database, wgmma=False)
     return _BUILDS[key]
 
 

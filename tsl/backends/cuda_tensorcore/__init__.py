@@ -1,5 +1,6 @@
 """The Tensor Core back end: WMMA m16n16k16 (fp16/bf16 -> fp32, int8 -> int32) through TVM's CUDA
-code generator, shared-memory staging with cp.async pipelining, PTX/cubin through nvcc.
+code generator, shared-memory staging with cp.async pipelining, PTX/cubin through nvcc. On sm_90
+the fp16/bf16 GEMMs of the default schedule are a TMA + wgmma kernel for sm_90a (hopper.py).
 
 Building needs no GPU (nor nvcc: the CUDA source is TVM's); `.ptx()`, `.resources()` and
 `.export()` need nvcc; `.run()` needs an NVIDIA GPU and CuPy.
@@ -10,7 +11,7 @@ from __future__ import annotations
 from ...backend import Backend
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
-from . import codegen
+from . import codegen, hopper
 from .lowering import TensorCoreLowering
 from .runtime import TensorCoreArtifact
 
@@ -22,7 +23,13 @@ class TensorCoreBackend(Backend):
     def unavailable(self, machine, **options) -> str | None:
         return None  # CUDA source is generated without a GPU; nvcc is checked where needed
 
-    def build(self, schedule, **options) -> TensorCoreArtifact:
+    def build(self, schedule, wgmma: bool = True, custom_schedule: bool = False,
+              **options) -> TensorCoreArtifact:
+        """`wgmma`: on sm_90, build fp16/bf16 GEMMs as the TMA + wgmma kernel (hopper.py) in
+        place of the default schedule (a schedule function or knobs given to tsl.build are
+        built as written)."""
+        if wgmma and not custom_schedule and hopper.applies(schedule):
+            return hopper.build(schedule)
         ctx = lower(schedule, TensorCoreLowering(schedule.machine, schedule.primitive))
         return TensorCoreArtifact(schedule, ctx, codegen.generate(ctx.sch.mod, schedule.machine))
 
