@@ -347,6 +347,16 @@ def baselines(torch, ref_meta: dict, sets: list[dict]) -> list[tuple]:
     return found
 
 
+def load_launcher(file: Path):
+    """The exported kernel's launcher module (tma_launch.py), loaded by path: no tsl here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def run_one(path: Path, args) -> dict:
     """Load, verify, time one exported kernel and its torch baseline: the table's row."""
     import cupy as cp
@@ -360,10 +370,12 @@ def run_one(path: Path, args) -> dict:
     if meta.get("format") != FORMAT:
         raise RuntimeError(f"manifest format {meta.get('format')!r}, this script reads "
                            f"{FORMAT!r}: re-export with this tsl")
-    unsupported = [p["name"] for p in meta["params"] if p.get("kind", "pointer") != "pointer"]
+    unsupported = [p["name"] for p in meta["params"]
+                   if p.get("kind", "pointer") not in ("pointer", "tensormap")]
     if unsupported or any(c != 1 for c in meta.get("cluster", (1, 1, 1))):
         raise RuntimeError(f"launch not supported by this script: parameters {unsupported} "
-                           f"are not pointers, or a cluster {meta.get('cluster')}")
+                           f"are neither pointers nor tensor maps, or a cluster "
+                           f"{meta.get('cluster')}")
     dev = torch.device(args.torch_device)
     cc = cp.cuda.Device().compute_capability
     file, row["image"] = choose_image(meta["images"], f"sm_{cc}",
@@ -398,8 +410,18 @@ def run_one(path: Path, args) -> dict:
     ptrs = [[np.uint64(s[p["role"]].data_ptr()) for p in ins] + [np.uint64(o.data_ptr())]
             for s, o in zip(sets, outs)]
 
-    def launch(i):
-        fn(grid, block, tuple(ptrs[i % n_sets]), shared_mem=dyn)
+    if "launcher" in meta:
+        # Tensor-map parameters (TMA): encoded once per input set by the driver, launched
+        # with cuLaunchKernel on CuPy's current stream (so graph capture sees it).
+        tma = load_launcher(path / meta["launcher"])
+        by_tensor = [{p["tensor"]: int(q) for p, q in zip(ins + [out_p], ptr)} for ptr in ptrs]
+        gos = [tma.Launch(fn.ptr, meta, b) for b in by_tensor]
+
+        def launch(i):
+            gos[i % n_sets](cp.cuda.get_current_stream().ptr)
+    else:
+        def launch(i):
+            fn(grid, block, tuple(ptrs[i % n_sets]), shared_mem=dyn)
 
     def sync():
         cp.cuda.Device().synchronize()

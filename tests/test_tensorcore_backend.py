@@ -211,8 +211,10 @@ def test_export(tmp_path):
     assert meta["dynamic_shared_bytes"] == art.kernel.dynamic_shared_bytes > 0
     assert [p["role"] for p in meta["params"]] == ["A", "B", "bias", "out"]
     assert meta["params"][-1]["dtype"] == "float32"
-    assert (path / meta["ptx"]).read_text().startswith("//")
-    assert (path / meta["cubin"]).stat().st_size > 0
+    images = meta["images"]
+    assert (path / images["ptx"]["file"]).read_text().startswith("//")
+    assert all((path / f).stat().st_size > 0 for f in images["cubin"].values())
+    assert meta["format"] == "tsl-cuda-kernel/2" and meta["reference"]["op"] == "dense"
 
 
 def test_estimate_and_benchmark():

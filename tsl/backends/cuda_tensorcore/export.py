@@ -14,6 +14,7 @@ accumulator's precision and the reduction length) without knowing the schedule.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -70,6 +71,33 @@ def write_images(path: Path, ptx: str, cubin: bytes) -> dict:
         cubins[arch] = name
     return {"ptx": {"file": f"kernel_{target}.ptx", "isa": version, "target": target},
             "cubin": cubins}
+
+
+def write(path: Path, artifact, ptx: str, cubin: bytes, rep: dict, params: list[dict],
+          **extra) -> Path:
+    """Write an exported kernel directory: kernel.cu, the images, and kernel.json with the
+    launch (kernel name, grid, block, dynamic shared memory), `params` in order (name, dtype,
+    padded shape, real shape, role, kind "pointer" or "tensormap", tensor), the reference
+    operator, ptxas's resource report and `extra` entries (a kernel's own launch facts)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "kernel.cu").write_text(artifact.kernel.source)
+    images = write_images(path, ptx, cubin)
+    op = artifact.op
+    big = artifact.ctx.op if getattr(artifact, "ctx", None) is not None else op
+    meta = artifact.kernel.launch() | {
+        "format": FORMAT, "arch": images["ptx"]["target"], "machine": artifact.machine.name,
+        "operator": str(op), "params": params, "images": images, "reference": reference(op),
+        "shapes": {t.name: list(t.shape) for t in list(big.inputs) + [big.output]},
+        "flops": 2 * op.macs, "resources": {k: v for k, v in rep.items() if k != "log"},
+        **extra}
+    if any(p["kind"] == "tensormap" for p in params):
+        # The runner launches such a kernel through the driver; it has no tsl to import.
+        launcher = Path(__file__).with_name("tma_launch.py")
+        (path / launcher.name).write_text(launcher.read_text())
+        meta["launcher"] = launcher.name
+    (path / "kernel.json").write_text(json.dumps(meta, indent=1))
+    return path
 
 
 def reference(op) -> dict:

@@ -21,7 +21,6 @@ in tests/test_tensorcore_sm90.py.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import numpy as np
 
 from ...errors import BackendUnavailable, LoweringError
 from ...model import Estimate
-from . import codegen, model
+from . import codegen, export, model
 from . import hopper_layout as L
 from .runtime import Roofline, TensorCoreArtifact, gpu_missing
 
@@ -190,15 +189,10 @@ class HopperArtifact(TensorCoreArtifact):
         return not problems, summary + "".join(f"; FAIL: {p}" for p in problems)
 
     def export(self, path) -> Path:
-        """kernel.cu, PTX and cubin for sm_90a, and kernel.json: the launch (grid, block,
-        dynamic shared memory), the parameters in order (two CUtensorMaps, then bias and out
-        pointers) and `tensor_maps`, what cuTensorMapEncodeTiled needs for each map."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        """kernel.cu, PTX and cubin for sm_90a, and kernel.json (export.py) with the
+        parameters in order (two CUtensorMaps, then bias and out pointers) and `tensor_maps`,
+        what cuTensorMapEncodeTiled needs for each map (tma_launch.py launches it)."""
         ptx, cubin, rep = self._compile()
-        (path / "kernel.cu").write_text(self.kernel.source)
-        (path / f"kernel_{ARCH}.ptx").write_text(ptx)
-        (path / f"kernel_{ARCH}.cubin").write_bytes(cubin)
         op = self.op
         by_name = {t.name: t for t in list(op.inputs) + [op.output]}
         tensor_of = {"A_map": "A", "B_map": "B", "bias_ptr": "bias", "out_ptr": "out"}
@@ -206,23 +200,12 @@ class HopperArtifact(TensorCoreArtifact):
         for name, kind in self.kernel.params:
             t = by_name[tensor_of[name]]
             params.append({"name": name, "dtype": t.dtype, "shape": list(t.shape),
-                           "role": t.role, "kind": "tensormap" if kind == "CUtensorMap"
-                           else "pointer", "tensor": t.name})
-        meta = self.kernel.launch() | {
-            "arch": ARCH, "machine": self.machine.name, "operator": str(op),
-            "ptx": f"kernel_{ARCH}.ptx", "cubin": f"kernel_{ARCH}.cubin", "params": params,
-            "tensor_maps": L.tensor_maps(self.plan),
-            "shapes": {t.name: list(t.shape) for t in by_name.values()},
-            "op": {"name": op.name, "dtype": op.dtype,
-                   "transpose_b": bool(op.params.get("transpose_b")),
-                   "epilogue": [s.kind for s in op.epilogue.steps],
-                   "epilogue_steps": [{"kind": s.kind, "value": list(s.value)}
-                                      for s in op.epilogue.steps],
-                   "out_dtype": op.output.dtype},
-            "flops": 2 * op.macs, "numerics": "unverified without an sm_90 GPU",
-            "resources": {k: v for k, v in rep.items() if k != "log"}}
-        (path / "kernel.json").write_text(json.dumps(meta, indent=1))
-        return path
+                           "real_shape": list(t.shape), "role": t.role,
+                           "kind": "tensormap" if kind == "CUtensorMap" else "pointer",
+                           "tensor": t.name})
+        return export.write(path, self, ptx, cubin, rep, params,
+                            tensor_maps=L.tensor_maps(self.plan),
+                            numerics="unverified without an sm_90 GPU")
 
     def _execute(self, packed):
         """On an sm_90 GPU, through TVM's own runtime: its host code encodes the tensor maps

@@ -54,7 +54,8 @@ class CupyKernel:
         path = Path(path)
         self.meta = json.loads((path / "kernel.json").read_text())
         arch = f"sm_{cupy.cuda.Device().compute_capability}"
-        image = path / self.meta["cubin"] if self.meta["arch"] == arch else path / self.meta["ptx"]
+        images = self.meta["images"]
+        image = path / images["cubin"].get(arch, images["ptx"]["file"])
         self.function = cupy.RawModule(path=str(image)).get_function(self.meta["kernel"])
         dyn = self.meta["dynamic_shared_bytes"]
         if dyn > 48 * 1024:
@@ -204,15 +205,11 @@ class TensorCoreArtifact(Artifact):
         return not problems, summary + "".join(f"; FAIL: {p}" for p in problems)
 
     def export(self, path) -> Path:
-        """Write kernel.cu, the PTX, a cubin for every architecture it assembles for
-        (export.py), and kernel.json with everything CuPy's RawModule needs to launch it
-        (name, grid, block, dynamic shared memory, parameters in order with shapes and dtypes)
-        and to check it (the reference operator)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        """Write kernel.cu, the PTX, a cubin for every architecture it assembles for, and
+        kernel.json with everything CuPy's RawModule needs to launch it (name, grid, block,
+        dynamic shared memory, parameters in order with shapes and dtypes) and to check it
+        (the reference operator): see export.py."""
         ptx, cubin, rep = self._compile()
-        (path / "kernel.cu").write_text(self.kernel.source)
-        images = export.write_images(path, ptx, cubin)
         big = self.ctx.op
         tensors = list(big.inputs) + [big.output]
         # The output is the kernel's last parameter: "out" after an epilogue, else "C".
@@ -226,28 +223,10 @@ class TensorCoreArtifact(Artifact):
                                 f"tensor zero-padded; this kernel's inputs are transformed "
                                 f"further (layouts, compensation or a B dtype)")
         real = {t.role: t for t in list(self.op.inputs) + [self.op.output]}
-        meta = self.kernel.launch() | {
-            "arch": self.arch, "machine": self.machine.name, "operator": str(self.op),
-            "ptx": f"kernel_{self.arch}.ptx", "cubin": f"kernel_{self.arch}.cubin",
-            "params": [{"name": name, "dtype": t.dtype, "shape": list(t.shape), "role": t.role,
-                        "kind": "pointer", "real_shape": list(real[t.role].shape)}
-                       for (name, _), t in zip(self.kernel.params, tensors)],
-            "shapes": {t.name: list(t.shape) for t in list(self.op.inputs) + [self.op.output]},
-            "op": {"name": self.op.name, "dtype": self.op.dtype,
-                   "transpose_b": bool(self.op.params.get("transpose_b")),
-                   "epilogue": [step.kind for step in self.op.epilogue.steps],
-                   "epilogue_steps": [{"kind": step.kind, "value": list(step.value)}
-                                      for step in self.op.epilogue.steps],
-                   "out_dtype": self.op.output.dtype,
-                   **({k: self.op.params[k] for k in ("stride", "padding", "dilation",
-                                                       "layout")}
-                      if self.op.name == "conv2d" else {})},
-            "flops": 2 * self.op.macs,
-            # benchmarks/tensorcore_cupy.py reads these (see export.py)
-            "format": export.FORMAT, "images": images, "reference": export.reference(self.op),
-            "resources": {k: v for k, v in rep.items() if k != "log"}}
-        (path / "kernel.json").write_text(json.dumps(meta, indent=1))
-        return path
+        params = [{"name": name, "dtype": t.dtype, "shape": list(t.shape), "role": t.role,
+                   "kind": "pointer", "tensor": t.name, "real_shape": list(real[t.role].shape)}
+                  for (name, _), t in zip(self.kernel.params, tensors)]
+        return export.write(path, self, ptx, cubin, rep, params)
 
     # -- running ----------------------------------------------------------------------------
     def _execute(self, packed):

@@ -78,16 +78,30 @@ def arguments(meta: dict, pointers: dict[str, int], maps: dict[str, object]) -> 
     return out
 
 
+class Launch:
+    """A kernel launch with its tensor maps encoded once: `Launch(...)(stream)` only calls
+    cuLaunchKernel, so back-to-back launches and graph capture time the kernel, not ctypes."""
+
+    def __init__(self, function: int, meta: dict, pointers: dict[str, int]):
+        """`function`: a CUfunction handle (e.g. CuPy's Function.ptr); `pointers`: tensor
+        name -> device address; `meta`: kernel.json."""
+        self.lib, self.meta, self.function = _driver(), meta, function
+        # The parameter block holds addresses into these: they live as long as the launch.
+        self.maps = {s["tensor"]: encode(s, pointers[s["tensor"]], self.lib)
+                     for s in meta["tensor_maps"]}
+        self.args = arguments(meta, pointers, self.maps)
+        self.params = (ctypes.c_void_p * len(self.args))(*[
+            a.address if isinstance(a, TensorMap) else ctypes.addressof(a) for a in self.args])
+
+    def __call__(self, stream: int = 0) -> None:
+        m = self.meta
+        res = self.lib.cuLaunchKernel(
+            ctypes.c_void_p(self.function), *map(ctypes.c_uint, m["grid"]),
+            *map(ctypes.c_uint, m["block"]), ctypes.c_uint(m["dynamic_shared_bytes"]),
+            ctypes.c_void_p(stream), self.params, None)
+        _check(self.lib, res, f"cuLaunchKernel({m['kernel']})")
+
+
 def launch(function: int, meta: dict, pointers: dict[str, int], stream: int = 0) -> None:
-    """Encode the tensor maps over `pointers` (tensor name -> device address) and launch
-    `function` (a CUfunction handle, e.g. CuPy's Function.ptr) as kernel.json `meta` says."""
-    lib = _driver()
-    maps = {s["tensor"]: encode(s, pointers[s["tensor"]], lib) for s in meta["tensor_maps"]}
-    args = arguments(meta, pointers, maps)
-    params = (ctypes.c_void_p * len(args))(*[
-        a.address if isinstance(a, TensorMap) else ctypes.addressof(a) for a in args])
-    g, b = meta["grid"], meta["block"]
-    res = lib.cuLaunchKernel(ctypes.c_void_p(function), *map(ctypes.c_uint, g),
-                             *map(ctypes.c_uint, b), ctypes.c_uint(meta["dynamic_shared_bytes"]),
-                             ctypes.c_void_p(stream), params, None)
-    _check(lib, res, f"cuLaunchKernel({meta['kernel']})")
+    """Encode and launch once (see Launch)."""
+    Launch(function, meta, pointers)(stream)
