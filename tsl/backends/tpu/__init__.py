@@ -1,8 +1,9 @@
 """The TPU back end: TPU v4 / v5e TAMs; the schedule as a Mosaic kernel (Pallas TPU: grid,
 BlockSpecs, VMEM scratch, dimension semantics) inside the StableHLO a TPU runs, run here in
 Pallas interpret mode and exported with jax.export (default, `emitter="mosaic"`); the portable
-while-loop StableHLO program that runs on any XLA (`emitter="stablehlo"`); a cost model of the
-kernel from the TAM."""
+while-loop StableHLO program that runs on any XLA (`emitter="stablehlo"`); the kernel's detail
+for the shared cost model (`model`: registered with `tsl.model`, so the knob choice and the
+artifact's estimate price the same kernel)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from ...errors import ScheduleError, TSLError, LoweringError
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
 from .lowering import TPULowering
-from . import model
+from . import model  # noqa: F401 - registers the kernel's price with tsl.model
 from .kernel import MosaicArtifact, check_plan, kernel_plan
-from .plan import conv_plan, stage_tiles
+from .plan import schedule_plan
 from .runtime import TPUArtifact, check_vmem
 
 EMITTERS = ("mosaic", "stablehlo")
@@ -29,9 +30,11 @@ class TPUBackend(Backend):
         return None  # emitting needs no jax; running says what to install
 
     def check(self, schedule) -> None:
-        """Limits beyond the TAM, for the model's knob search: the tiles within the scoped VMEM
-        budget. (The arrays' HBM need is checked at build: no knob changes it much.)"""
+        """Limits beyond the TAM, for the model's knob search: the schedule's tiles and the
+        kernel it becomes within the scoped VMEM budget. (The arrays' HBM need is checked at
+        build: no knob changes it much.)"""
         check_vmem(schedule)
+        check_plan(schedule_plan(schedule, int(schedule.machine.params["tiling"][0])), schedule)
 
     def build(self, schedule, emitter: str = "mosaic", **options):
         """`emitter="mosaic"`: the Mosaic kernel (MosaicArtifact); `"stablehlo"`: the
@@ -59,22 +62,6 @@ class TPUBackend(Backend):
                                 f"{str(e).strip().splitlines()[-1][:300]}") from e
         check_plan(plan, schedule)
         return MosaicArtifact(schedule, ctx, plan)
-
-    def default_knobs(self, op, machine) -> dict:
-        """The tile knobs of the default schedule that the TPU kernel model prices fastest
-        (see `model.choose_knobs`); the bench builds its TPU rows with them."""
-        from ...schedules import default_schedule
-
-        group = int(machine.params["tiling"][0])
-
-        def plan_of(s):
-            if op.name == "conv2d":
-                return conv_plan(s, group)
-            t = stage_tiles(s)
-            acc, a = t[("C", "accumulator")], t[("A", "scratchpad")]
-            return model.gemm_plan_for(op.padded(s.padded_extents()), acc["i"], a["k"],
-                                       acc["j"], "schedule", user=op)
-        return model.choose_knobs(op, machine, default_schedule(op.name), plan_of)
 
     def suite(self, quick: bool) -> list:
         bf16 = dict(dtype="bfloat16", acc_dtype="float32")
