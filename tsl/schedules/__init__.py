@@ -30,11 +30,11 @@ def _primitive(s: Schedule):
 
 def _round_choices(extent: int, unit: int, choices):
     """Outer tile multipliers that do not exceed the padded extent needlessly; for each one
-    that does not divide the extent's units, also the largest that does (a 768-long
-    contraction in units of 128 gets 3 beside 4 and 6 beside 8), so a tile can cover the
-    extent without padding it."""
+    that does not divide the extent's units, also the largest that does, and the whole
+    extent where a choice reaches it (a 768-long contraction in units of 128 gets 3 beside 4
+    and 6 for 8), so a tile can cover the extent without padding it."""
     top = max(1, -(-extent // unit))
-    kept = {c for c in choices if c <= top}
+    kept = {min(c, top) for c in choices}
     kept |= {max(d for d in range(1, c + 1) if top % d == 0) for c in kept}
     return sorted(kept) or [1]
 

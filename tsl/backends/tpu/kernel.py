@@ -3,15 +3,12 @@ program a TPU runs, its numerics here in Pallas interpret mode, its export, and 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 
 from ...artifact import Artifact
-from ...errors import LoweringError
 from ...primitives.schedule import Schedule
-from ...tam.machine import dtype_bytes
 from . import codegen, model, mosaic
 from .plan import Plan, conv_plan, gemm_plan
 from ...model import Estimate

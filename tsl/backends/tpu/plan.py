@@ -544,12 +544,13 @@ def gemm_passes(user, op) -> list[Pass]:
 
 
 def conv_plan(s, row_group: int) -> Plan:
-    """conv2d on the MXU as a GEMM, with the tiles of the shared conv schedule: when the
-    schedule's row tile spans a whole output row (ow tile >= OW: the primitive's rows are
-    wider than the image), the kernel's rows are the accumulator tile's oh extent of whole
-    output rows (th), the padding of ow to the primitive's rows is not computed; otherwise
-    one output row per block. Its channels are the output-channel block, the staged input
-    tile's channels the input-channel block. See `conv_plan_for`."""
+    """conv2d on the MXU as a GEMM, with the tiles of the shared conv schedule: the
+    accumulator tile's oh x ow pixel rows hold th = pixels // OW whole output rows (at least
+    one, at most OH): where the primitive's rows are wider than an output row, the schedule
+    pads ow to them, and the kernel fills those rows with the next output rows instead of
+    padding; its accumulator never exceeds the schedule's tile. The tile's channels are the
+    output-channel block, the staged input tile's channels the input-channel block. See
+    `conv_plan_for`."""
     tiles = stage_tiles(s)
     acc = tiles.get(("C", "accumulator"))
     a_t = tiles.get(("A", "scratchpad"))
@@ -558,7 +559,7 @@ def conv_plan(s, row_group: int) -> Plan:
                             "(cache('C', 'accumulator', ...)) and the input staged in VMEM "
                             "(cache('A', 'scratchpad', ...))")
     P, Q = _pq(s.op)
-    th = min(P, acc["oh"]) if acc["ow"] >= Q else 1
+    th = max(1, min(P, acc["oh"] * acc["ow"] // Q))
     return conv_plan_for(s.op, th, acc["co"], a_t["ci"], row_group)
 
 
@@ -602,6 +603,8 @@ def conv_plan_for(op, th: int, co: int, ci: int, row_group: int,
     rows_p = -(-rows // row_group) * row_group
     hin = (th - 1) * stride + (R - 1) * dil + 1
     win = (Q - 1) * stride + (S - 1) * dil + 1
+    if win != W:  # Mosaic: a block's second-minor dim is the array's or a multiple of 8
+        win = -(-win // 8) * 8
     h_need = (nr * th - 1) * stride + (R - 1) * dil + 1
     pad_h = (pad, max(0, h_need - H - pad))
     pad_w = (pad, max(0, win - W - pad))
