@@ -20,6 +20,11 @@ from .plan import schedule_plan
 from .runtime import TPUArtifact, check_vmem
 
 EMITTERS = ("mosaic", "stablehlo")
+# (H=W, Cin, Cout, kernel, pad, stride) of ResNet-18's conv layers C2..C11, the bench's rows.
+RESNET18 = [(56, 64, 64, 3, 1, 1), (56, 64, 128, 3, 1, 2), (56, 64, 128, 1, 0, 2),
+            (28, 128, 128, 3, 1, 1), (28, 128, 256, 3, 1, 2), (28, 128, 256, 1, 0, 2),
+            (14, 256, 256, 3, 1, 1), (14, 256, 512, 3, 1, 2), (14, 256, 512, 1, 0, 2),
+            (7, 512, 512, 3, 1, 1)]
 
 
 class TPUBackend(Backend):
@@ -30,9 +35,10 @@ class TPUBackend(Backend):
         return None  # emitting needs no jax; running says what to install
 
     def check(self, schedule) -> None:
-        """Limits beyond the TAM, for the model's knob search: the schedule's tiles and the
-        kernel it becomes within the scoped VMEM budget. (The arrays' HBM need is checked at
-        build: no knob changes it much.)"""
+        """Limits beyond the TAM, for the model's knob search: the arrays within HBM, the
+        schedule's tiles and the kernel it becomes within the scoped VMEM budget, the kernel's
+        grid within what the model walks (`model.MAX_STEPS`)."""
+        check_hbm(schedule)
         check_vmem(schedule)
         check_plan(schedule_plan(schedule, int(schedule.machine.params["tiling"][0])), schedule)
 
@@ -75,7 +81,9 @@ class TPUBackend(Backend):
                 matmul(128, 768, 3072, **bf16), matmul(128, 2304, 768, **bf16),
                 dense(128, 768, 3072, epilogue=bias() + relu(), **bf16),
                 matmul(1024, 1024, 1024, dtype="int8"),
-                conv2d(1, 128, 58, 58, 128, 3, 3, layout="NHWC", **bf16)]
+                conv2d(1, 128, 58, 58, 128, 3, 3, layout="NHWC", **bf16)] + \
+            [conv2d(1, c, hw, hw, k, r, r, stride=st, padding=p, layout="NHWC", **bf16)
+             for hw, c, k, r, p, st in RESNET18]
 
 
 def check_while_loop_nest(s) -> None:

@@ -109,9 +109,11 @@ class MosaicArtifact(Artifact):
 
 
 def check_plan(plan: Plan, s: Schedule) -> None:
-    """The kernel's VMEM (blocks double-buffered, scratch) within the scoped budget."""
+    """The kernel's VMEM (blocks double-buffered, scratch) within the scoped budget, and its
+    grid within the steps the model walks."""
     from ...errors import ScheduleError
 
+    model.check_steps(plan, s.op)
     budget = int(s.machine.params["vmem_scoped_bytes"])
     used, parts = plan.vmem_bytes()
     if used > budget:

@@ -32,9 +32,19 @@ import math
 
 import numpy as np
 
+from ...errors import ScheduleError
 from ...model import Estimate, Program, Transfer, evaluate, register_program
 from ...tam.machine import Machine, dtype_bytes
 from .plan import Axis, Block, Plan, conv_plan_for, gemm_passes, schedule_plan
+
+
+MAX_STEPS = 1 << 20  # grid steps the model walks one by one (a kernel of more: larger tiles)
+
+
+def check_steps(plan: Plan, op) -> None:
+    if plan.steps > MAX_STEPS:
+        raise ScheduleError(f"the Mosaic kernel of {op} has {plan.steps:,} grid steps, more "
+                            f"than the {MAX_STEPS:,} the TPU model walks; use larger tiles")
 
 
 def _p(m: Machine, key: str) -> float:
@@ -43,6 +53,7 @@ def _p(m: Machine, key: str) -> float:
 
 def program(plan: Plan, m: Machine) -> Program:
     """The kernel `plan` on machine `m` as the shared model's `Program` (module docstring)."""
+    check_steps(plan, f"{plan.kind} ({plan.source})")
     prim = m.primitive(plan.inputs[0].dtype) or m.primitives[0]
     n_mxu = int(m.params["mxu_count"])
     rows_per_cycle = prim.macs_per_cycle / (n_mxu * prim.n * prim.k)  # per MXU
