@@ -38,6 +38,7 @@ class TPUBackend(Backend):
         """Limits beyond the TAM, for the model's knob search: the arrays within HBM, the
         schedule's tiles and the kernel it becomes within the scoped VMEM budget, the kernel's
         grid within what the model walks (`model.MAX_STEPS`)."""
+        check_tensorized(schedule)
         check_hbm(schedule)
         check_vmem(schedule)
         check_plan(schedule_plan(schedule, int(schedule.machine.params["tiling"][0])), schedule)
@@ -49,16 +50,13 @@ class TPUBackend(Backend):
             raise TypeError(f"the TPU back end takes only emitter=, got {sorted(options)}")
         if emitter not in EMITTERS:
             raise ScheduleError(f"emitter={emitter!r}: the TPU back end emits {EMITTERS}")
-        if not any(lp.tensorized for lp in schedule.loops):
-            raise ScheduleError(f"schedule of {schedule.op} on {schedule.machine.name} maps no "
-                                f"loop nest onto the MXU; call s.tensorize(<the primitive's "
-                                f"loop>) in the schedule function")
+        check_tensorized(schedule)
         check_hbm(schedule)
+        if emitter == "stablehlo":
+            schedule = while_loop_schedule(schedule)
         ctx = lower(schedule, TPULowering(schedule.machine))
         try:
             if emitter == "stablehlo":
-                check_vmem(schedule)
-                check_while_loop_nest(schedule)
                 return TPUArtifact(schedule, ctx)
             plan = kernel_plan(schedule, ctx)
         except TSLError:
@@ -84,6 +82,35 @@ class TPUBackend(Backend):
                 conv2d(1, 128, 58, 58, 128, 3, 3, layout="NHWC", **bf16)] + \
             [conv2d(1, c, hw, hw, k, r, r, stride=st, padding=p, layout="NHWC", **bf16)
              for hw, c, k, r, p, st in RESNET18]
+
+
+def check_tensorized(s) -> None:
+    if not any(lp.tensorized for lp in s.loops):
+        raise ScheduleError(f"schedule of {s.op} on {s.machine.name} maps no loop nest onto "
+                            f"the MXU; call s.tensorize(<the primitive's loop>) in the schedule "
+                            f"function")
+
+
+def while_loop_schedule(s):
+    """`s` if the while-loop emitter can express it (tiles within VMEM, see
+    `check_while_loop_nest`); where the model chose its knobs, else the model's best candidate
+    it can (knobs the Mosaic kernel's price does not depend on, such as the conv's loop
+    order, may differ); else the ScheduleError saying why."""
+    def ok(x):
+        check_vmem(x)
+        check_while_loop_nest(x)
+    try:
+        ok(s)
+        return s
+    except ScheduleError:
+        choice = getattr(s, "choice", None)
+        for c in choice.candidates if choice is not None else ():
+            try:
+                ok(c.schedule)
+                return c.schedule
+            except ScheduleError:
+                continue
+        raise
 
 
 def check_while_loop_nest(s) -> None:
