@@ -73,7 +73,7 @@ def program(plan: Plan, m: Machine) -> Program:
     par = math.prod(a.extent for a in plan.grid if a.semantics == "parallel")
     cores = min(m.cores(), par) if par > 1 else 1
     share = math.ceil(par / cores) / par if par > 1 else 1.0
-    hbm = m.memory_level("hbm") if any(lv.name == "hbm" for lv in m.memory) else m.memory[0]
+    hbm, vmem = m.levels("global", "A")[0], m.levels("scratchpad", "A")[0].name
     hbm_bw = _p(m, "hbm_bytes_per_s") / m.clock_hz  # bytes per cycle
     S = plan.steps
     vpu = m.vectors[0].ops_per_cycle if m.vectors else 1024.0
@@ -81,7 +81,7 @@ def program(plan: Plan, m: Machine) -> Program:
     for b in plan.inputs:
         moved = plan.moved_bytes(b)
         load += moved
-        transfers.append(_transfer(f"{b.name} block {_shape(b)}", "vmem", hbm.name, moved,
+        transfers.append(_transfer(f"{b.name} block {_shape(b)}", vmem, hbm.name, moved,
                                    hbm_bw, cores))
     # An output block is written back when the next step moves to another block (and after
     # the last step).
@@ -90,9 +90,11 @@ def program(plan: Plan, m: Machine) -> Program:
     leaves = np.ones(S, dtype=bool)
     leaves[:-1] = plan.fetches(plan.out)[1:]
     store_at = np.where(leaves, held, 0.0)
-    transfers.append(_transfer(f"C write-back of {_shape(plan.out)} blocks", hbm.name, "vmem",
-                               store_at, hbm_bw, cores))
-    transfers.append(Transfer("VMEM <-> MXU operand and accumulator tiles", "mxu", "vmem", S,
+    # Paths are named by the level whose bandwidth they use: the write-back is HBM's, the
+    # operand and accumulator tiles between VMEM and the MXUs VMEM's own.
+    transfers.append(_transfer(f"C write-back of {_shape(plan.out)} blocks", hbm.name,
+                               hbm.name, store_at, hbm_bw, cores))
+    transfers.append(Transfer("VMEM <-> MXU operand and accumulator tiles", vmem, vmem, S,
                               math.ceil(vmem_step), bandwidth=vmem_bw, units=cores,
                               hidden=1.0))
     steps = plan.epilogue.steps if plan.epilogue is not None else ()
