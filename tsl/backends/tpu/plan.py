@@ -115,6 +115,7 @@ class Plan:
     passes: tuple = ()
     conv: dict = field(default_factory=dict)  # the conv mapping's parameters
     source: str = "schedule"  # where the tiles come from: "schedule" or a baseline's name
+    _indices: dict = field(default_factory=dict, repr=False, compare=False)  # walk cache
 
     @property
     def steps(self) -> int:
@@ -130,15 +131,19 @@ class Plan:
         idx = _grid_points([a.extent for a in self.grid])
         got = blk.index(*[idx[i] for i in range(len(self.grid))])
         cols = [np.broadcast_to(np.asarray(g, dtype=np.int64), (idx.shape[1],)) for g in got]
-        return np.stack(cols, axis=1)
+        self._indices[blk.name] = np.stack(cols, axis=1)
+        return self._indices[blk.name]
 
     def fetches(self, blk: Block) -> np.ndarray:
         """Per grid step, whether the pipeline moves `blk` (its block index differs from the
         previous step's: Pallas keeps a block in VMEM while its index stays the same)."""
-        bi = self.block_indices(blk)
-        change = np.ones(len(bi), dtype=bool)
-        change[1:] = np.any(bi[1:] != bi[:-1], axis=1)
-        return change
+        key = ("fetches", blk.name)
+        if key not in self._indices:
+            bi = self.block_indices(blk)
+            change = np.ones(len(bi), dtype=bool)
+            change[1:] = np.any(bi[1:] != bi[:-1], axis=1)
+            self._indices[key] = change
+        return self._indices[key]
 
     def moved_bytes(self, blk: Block) -> np.ndarray:
         """Bytes the pipeline moves for `blk` at each grid step (0 where it keeps the block)."""
@@ -455,10 +460,13 @@ def stage_tiles(s) -> dict:
 
 def schedule_plan(s, row_group: int) -> Plan:
     """The kernel a recorded schedule becomes, without lowering it (what the cost model
-    prices for every knob setting): conv2d by `conv_plan`, GEMMs by `schedule_gemm_plan`."""
-    if s.op.name == "conv2d":
-        return conv_plan(s, row_group)
-    return schedule_gemm_plan(s)
+    prices for every knob setting): conv2d by `conv_plan`, GEMMs by `schedule_gemm_plan`.
+    Kept on the schedule: the knob search checks it and prices it."""
+    plan = s.__dict__.get("_tpu_plan")
+    if plan is None:
+        plan = conv_plan(s, row_group) if s.op.name == "conv2d" else schedule_gemm_plan(s)
+        s.__dict__["_tpu_plan"] = plan
+    return plan
 
 
 def _digits(lp, g):
