@@ -9,9 +9,9 @@ Back ends return the same `Estimate` from `artifact.estimate()` (kind "model", "
 a back end prices transfers its program makes beyond the staged tiles.
 """
 
-from .cost import Transfer, busy_units, evaluate, transfers
+from .cost import Program, Transfer, busy_units, evaluate, program_of, register_program, transfers
 from .estimate import KINDS, Estimate
 from .search import Choice, choose, explain, record_fixed, search
 
-__all__ = ["Estimate", "KINDS", "Transfer", "evaluate", "transfers", "busy_units", "choose",
+__all__ = ["Estimate", "KINDS", "Transfer", "Program", "register_program", "program_of", "evaluate", "transfers", "busy_units", "choose",
            "explain", "search", "record_fixed", "Choice"]

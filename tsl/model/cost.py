@@ -24,13 +24,18 @@ The model, for a schedule `s`:
   slowest of compute and each path (plus the first fill), otherwise the parts add.
 
 A back end refines this with `evaluate(s, extra=..., detail=...)`: more transfers its program
-makes (padding passes, say) and its own report fields.
+makes (padding passes, say) and its own report fields. A back end whose program is not the
+schedule's staged tiles one for one (the TPU's Mosaic kernel, whose blocks, grid and pipeline it
+derives from the schedule) registers a `Program` builder (`register_program`): the program's own
+transfers, its compute with the back end's fixed costs, and its serial cycles, priced here by
+the same traffic, overlap and bound rules, for the knob choice and the artifact alike.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 from ..primitives.schedule import Loop, Schedule, Stage
 from ..tam.machine import MemoryLevel, dtype_bytes
@@ -290,15 +295,58 @@ def compute_cycles(s: Schedule) -> tuple[float, float, list[str]]:
     return cycles, padded, notes
 
 
+# -- a back end's own program -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Program:
+    """What a back end's program does, as the model prices it: every `Transfer` it makes,
+    the cycles of its compute on the busiest unit (the tensor primitive's time with the back
+    end's fixed costs, e.g. a systolic array's fill per block, and its vector work), the
+    MACs the primitive executes (padding included), and cycles spent in series with all of
+    it (per-step overhead, pipeline bubbles)."""
+
+    transfers: tuple
+    compute_cycles: float
+    padded_macs: int
+    serial_cycles: float = 0.0
+    notes: tuple = ()
+    detail: dict = field(default_factory=dict)
+
+
+_PROGRAMS: dict[str, Callable] = {}
+
+
+def register_program(backend: str, fn: Callable) -> None:
+    """Price schedules of machines of back end `backend` by the program `fn(schedule)`
+    returns (a `Program`; None: the schedule's staged tiles, as for any back end)."""
+    _PROGRAMS[backend] = fn
+
+
+def program_of(s: Schedule) -> Program | None:
+    fn = _PROGRAMS.get(s.machine.backend)
+    return fn(s) if fn is not None else None
+
+
 # -- the estimate -------------------------------------------------------------------------------
 def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None,
-             notes: list[str] = ()) -> Estimate:
+             notes: list[str] = (), program: Program | None = None,
+             tiles: bool = False) -> Estimate:
     """The model's `Estimate` of recorded schedule `s` (kind "model"). A back end passes the
-    transfers its program makes beyond the staged tiles (`extra`) and its own `detail`."""
+    transfers its program makes beyond the staged tiles (`extra`) and its own `detail`.
+    `program`: price this `Program` instead (default: the one the machine's back end
+    registered for `s`, if any; `tiles=True`: the schedule's staged tiles regardless)."""
     m = s.machine
     clock = m.clock_hz
-    comp, padded, cnotes = compute_cycles(s)
-    ts = transfers(s) + list(extra)
+    if program is None and not tiles:
+        program = program_of(s)
+    if program is None:
+        comp, padded, cnotes = compute_cycles(s)
+        ts = transfers(s) + list(extra)
+        launches = launch_cycles(s)
+    else:
+        comp, padded, cnotes = program.compute_cycles, program.padded_macs, list(program.notes)
+        ts = list(program.transfers) + list(extra)
+        launches = program.serial_cycles
+        detail = {**program.detail, **(detail or {})}
     traffic: dict[str, int] = {}
     path: dict[str, float] = {}  # parent level -> cycles of the transfers out of / into it
     shared: dict[str, float] = {}
@@ -323,9 +371,8 @@ def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None
                                       + max(t.cycles(), t.shared_cycles()))
     slowest = max([("compute", comp)] + list(overlap.items()), key=lambda kv: kv[1])
     pipelined = bool(overlap)
-    launches = launch_cycles(s)
     cycles = slowest[1] + serial + launches
-    if launches > 0.1 * cycles:
+    if program is None and launches > 0.1 * cycles:
         cnotes.append(f"starting parallel instances: {launches / clock * 1e6:.1f} us")
     if pipelined:
         # What the overlap leaves exposed of the shorter side, and the first tiles' fill.

@@ -65,6 +65,7 @@ class _Search:
         self.op, self.machine, self.fn, self.fixed = op, machine, fn, dict(fixed or {})
         self.check = check
         self.seen: dict[tuple, Candidate | None] = {}
+        self.why = ""  # the first refusal's reason, for the error when nothing fits
 
     def key(self, knobs: dict) -> tuple:
         return tuple(sorted(knobs.items(), key=lambda kv: kv[0]))
@@ -77,8 +78,9 @@ class _Search:
                 s = record_fixed(self.op, self.machine, self.fn, knobs)
                 if self.check is not None:
                     self.check(s)
-            except ScheduleError:
+            except ScheduleError as e:
                 self.seen[k] = None
+                self.why = self.why or str(e)
             else:
                 # Record again under the knobs the schedule really used (a knob it did not
                 # ask for this time is dropped), so that equal schedules share one entry.
@@ -129,7 +131,7 @@ def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,
     if not found:
         raise ScheduleError(f"no setting of the knobs {free} of {getattr(fn, '__name__', fn)} "
                             f"fits {op} on {machine.name} (fixed: {srch.fixed or 'none'}); "
-                            f"pass knobs= that fit")
+                            f"pass knobs= that fit. The first refusal: {srch.why}")
     cands = sorted(found.values(), key=lambda c: c.estimate.seconds)
     refused = sum(1 for c in srch.seen.values() if c is None)
     return Choice(fn, srch.fixed, cands, refused, exhaustive)

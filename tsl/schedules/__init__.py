@@ -29,10 +29,14 @@ def _primitive(s: Schedule):
 
 
 def _round_choices(extent: int, unit: int, choices):
-    """Outer tile multipliers that do not exceed the padded extent needlessly."""
+    """Outer tile multipliers that do not exceed the padded extent needlessly; for each one
+    that does not divide the extent's units, also the largest that does, and the whole
+    extent where a choice reaches it (a 768-long contraction in units of 128 gets 3 beside 4
+    and 6 for 8), so a tile can cover the extent without padding it."""
     top = max(1, -(-extent // unit))
-    kept = [c for c in choices if c <= top]
-    return kept or [1]
+    kept = {min(c, top) for c in choices}
+    kept |= {max(d for d in range(1, c + 1) if top % d == 0) for c in kept}
+    return sorted(kept) or [1]
 
 
 def _stage_and_map(s: Schedule, tiles, k_block, k_step, prim_loop, stages: int) -> None:
@@ -90,7 +94,12 @@ def schedule_conv2d(s: Schedule) -> None:
     # primitives of output channels; co_outer such tiles per block.
     w_inner = s.knob("w_inner", _round_choices(Q, p.m, (1, 2, 4, 7, 8, 14, 16, 28, 56)))
     co_inner = s.knob("co_inner", _round_choices(K, p.n, (1, 2, 4, 8, 16)))
-    h_inner = s.knob("h_inner", _round_choices(P, 1, (1, 2, 4, 7, 8, 14)))
+    rows = (1, 2, 4, 7, 8, 14)
+    if p.m > Q:
+        # One output row is narrower than the primitive's rows: the tile's rows come from
+        # stacking output rows, up to all of them (every divisor of OH).
+        rows += tuple(d for d in range(1, P + 1) if P % d == 0)
+    h_inner = s.knob("h_inner", _round_choices(P, 1, sorted(set(rows))))
     co_outer = s.knob("co_outer", _round_choices(K, co_inner * p.n, (1, 2, 4, 8)))
     wr, cr = w_inner * p.m, co_inner * p.n
     ci_inner = s.knob("ci_inner", _round_choices(C, p.k, (1, 2, 4, 8, 16, 32, 64)))

@@ -1,8 +1,9 @@
 """The TPU back end: TPU v4 / v5e TAMs; the schedule as a Mosaic kernel (Pallas TPU: grid,
 BlockSpecs, VMEM scratch, dimension semantics) inside the StableHLO a TPU runs, run here in
 Pallas interpret mode and exported with jax.export (default, `emitter="mosaic"`); the portable
-while-loop StableHLO program that runs on any XLA (`emitter="stablehlo"`); a cost model of the
-kernel from the TAM."""
+while-loop StableHLO program that runs on any XLA (`emitter="stablehlo"`); the kernel's detail
+for the shared cost model (`model`: registered with `tsl.model`, so the knob choice and the
+artifact's estimate price the same kernel)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ from ...errors import ScheduleError, TSLError, LoweringError
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
 from .lowering import TPULowering
-from . import model
+from . import model  # noqa: F401 - registers the kernel's price with tsl.model
 from .kernel import MosaicArtifact, check_plan, kernel_plan
-from .plan import conv_plan, stage_tiles
+from .plan import schedule_plan
 from .runtime import TPUArtifact, check_vmem
 
 EMITTERS = ("mosaic", "stablehlo")
+# (H=W, Cin, Cout, kernel, pad, stride) of ResNet-18's conv layers C2..C11, the bench's rows.
+RESNET18 = [(56, 64, 64, 3, 1, 1), (56, 64, 128, 3, 1, 2), (56, 64, 128, 1, 0, 2),
+            (28, 128, 128, 3, 1, 1), (28, 128, 256, 3, 1, 2), (28, 128, 256, 1, 0, 2),
+            (14, 256, 256, 3, 1, 1), (14, 256, 512, 3, 1, 2), (14, 256, 512, 1, 0, 2),
+            (7, 512, 512, 3, 1, 1)]
 
 
 class TPUBackend(Backend):
@@ -29,9 +35,13 @@ class TPUBackend(Backend):
         return None  # emitting needs no jax; running says what to install
 
     def check(self, schedule) -> None:
-        """Limits beyond the TAM, for the model's knob search: the tiles within the scoped VMEM
-        budget. (The arrays' HBM need is checked at build: no knob changes it much.)"""
+        """Limits beyond the TAM, for the model's knob search: the arrays within HBM, the
+        schedule's tiles and the kernel it becomes within the scoped VMEM budget, the kernel's
+        grid within what the model walks (`model.MAX_STEPS`)."""
+        check_tensorized(schedule)
+        check_hbm(schedule)
         check_vmem(schedule)
+        check_plan(schedule_plan(schedule, int(schedule.machine.params["tiling"][0])), schedule)
 
     def build(self, schedule, emitter: str = "mosaic", **options):
         """`emitter="mosaic"`: the Mosaic kernel (MosaicArtifact); `"stablehlo"`: the
@@ -40,16 +50,13 @@ class TPUBackend(Backend):
             raise TypeError(f"the TPU back end takes only emitter=, got {sorted(options)}")
         if emitter not in EMITTERS:
             raise ScheduleError(f"emitter={emitter!r}: the TPU back end emits {EMITTERS}")
-        if not any(lp.tensorized for lp in schedule.loops):
-            raise ScheduleError(f"schedule of {schedule.op} on {schedule.machine.name} maps no "
-                                f"loop nest onto the MXU; call s.tensorize(<the primitive's "
-                                f"loop>) in the schedule function")
+        check_tensorized(schedule)
         check_hbm(schedule)
+        if emitter == "stablehlo":
+            schedule = while_loop_schedule(schedule)
         ctx = lower(schedule, TPULowering(schedule.machine))
         try:
             if emitter == "stablehlo":
-                check_vmem(schedule)
-                check_while_loop_nest(schedule)
                 return TPUArtifact(schedule, ctx)
             plan = kernel_plan(schedule, ctx)
         except TSLError:
@@ -59,22 +66,6 @@ class TPUBackend(Backend):
                                 f"{str(e).strip().splitlines()[-1][:300]}") from e
         check_plan(plan, schedule)
         return MosaicArtifact(schedule, ctx, plan)
-
-    def default_knobs(self, op, machine) -> dict:
-        """The tile knobs of the default schedule that the TPU kernel model prices fastest
-        (see `model.choose_knobs`); the bench builds its TPU rows with them."""
-        from ...schedules import default_schedule
-
-        group = int(machine.params["tiling"][0])
-
-        def plan_of(s):
-            if op.name == "conv2d":
-                return conv_plan(s, group)
-            t = stage_tiles(s)
-            acc, a = t[("C", "accumulator")], t[("A", "scratchpad")]
-            return model.gemm_plan_for(op.padded(s.padded_extents()), acc["i"], a["k"],
-                                       acc["j"], "schedule", user=op)
-        return model.choose_knobs(op, machine, default_schedule(op.name), plan_of)
 
     def suite(self, quick: bool) -> list:
         bf16 = dict(dtype="bfloat16", acc_dtype="float32")
@@ -88,7 +79,38 @@ class TPUBackend(Backend):
                 matmul(128, 768, 3072, **bf16), matmul(128, 2304, 768, **bf16),
                 dense(128, 768, 3072, epilogue=bias() + relu(), **bf16),
                 matmul(1024, 1024, 1024, dtype="int8"),
-                conv2d(1, 128, 58, 58, 128, 3, 3, layout="NHWC", **bf16)]
+                conv2d(1, 128, 58, 58, 128, 3, 3, layout="NHWC", **bf16)] + \
+            [conv2d(1, c, hw, hw, k, r, r, stride=st, padding=p, layout="NHWC", **bf16)
+             for hw, c, k, r, p, st in RESNET18]
+
+
+def check_tensorized(s) -> None:
+    if not any(lp.tensorized for lp in s.loops):
+        raise ScheduleError(f"schedule of {s.op} on {s.machine.name} maps no loop nest onto "
+                            f"the MXU; call s.tensorize(<the primitive's loop>) in the schedule "
+                            f"function")
+
+
+def while_loop_schedule(s):
+    """`s` if the while-loop emitter can express it (tiles within VMEM, see
+    `check_while_loop_nest`); where the model chose its knobs, else the model's best candidate
+    it can (knobs the Mosaic kernel's price does not depend on, such as the conv's loop
+    order, may differ); else the ScheduleError saying why."""
+    def ok(x):
+        check_vmem(x)
+        check_while_loop_nest(x)
+    try:
+        ok(s)
+        return s
+    except ScheduleError:
+        choice = getattr(s, "choice", None)
+        for c in choice.candidates if choice is not None else ():
+            try:
+                ok(c.schedule)
+                return c.schedule
+            except ScheduleError:
+                continue
+        raise
 
 
 def check_while_loop_nest(s) -> None:

@@ -3,15 +3,12 @@ program a TPU runs, its numerics here in Pallas interpret mode, its export, and 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 
 from ...artifact import Artifact
-from ...errors import LoweringError
 from ...primitives.schedule import Schedule
-from ...tam.machine import dtype_bytes
 from . import codegen, model, mosaic
 from .plan import Plan, conv_plan, gemm_plan
 from ...model import Estimate
@@ -91,12 +88,14 @@ class MosaicArtifact(Artifact):
         return {"tpu": path, "cpu": cpu}
 
     def estimate(self) -> Estimate:
-        return estimate(self.plan, self.schedule)
+        """The shared cost model's price of this kernel (`tsl.model.evaluate` with the TPU's
+        detail, `model.program`): the same number the knob choice used."""
+        return model.price(self.schedule, self.plan)
 
     def benchmark(self) -> dict:
         est = self.estimate()
-        _, pub = model.public_pallas(self.op, self.machine)
-        _, xla = model.xla_model(self.op, self.machine)
+        _, pub = model.public_pallas(self.schedule)
+        _, xla = model.xla_model(self.schedule)
         return {"seconds": est.seconds, "estimated": True,
                 "rate": 2 * self.op.macs / est.seconds,
                 "pct_peak": est.pct_peak, "utilization": est.mxu_utilization,
@@ -109,30 +108,12 @@ class MosaicArtifact(Artifact):
                 "baseline2_seconds": pub.seconds, "speedup2": pub.seconds / est.seconds}
 
 
-def estimate(plan: Plan, s: Schedule) -> Estimate:
-    """The kernel model's price of `plan` (`model.kernel_cost`) as the shared Estimate, with
-    the kernel's MXU utilization (padding passes included), grid steps and VMEM as detail."""
-    m = s.machine
-    cost = model.kernel_cost(plan, m)
-    p = s.primitive
-    vmem, parts = plan.vmem_bytes()
-    peak = m.peak(s.op.dtype) or 0.0
-    return Estimate(cost.seconds, kind="model", machine=m.name, clock_hz=m.clock_hz,
-                    bound=cost.bound, macs=s.op.macs, padded_macs=cost.mxu_macs,
-                    peak_macs_per_s=peak / 2, compute_seconds=cost.mxu_s, traffic=cost.traffic,
-                    level_seconds={"hbm": cost.hbm_s + cost.passes_s}, pipelined=True,
-                    notes=list(cost.lines) + list(parts),
-                    detail={"emitter": "mosaic", "mxu_utilization": cost.mxu_s / cost.seconds,
-                            "mxu_passes": cost.mxu_macs // (p.m * p.n * p.k),
-                            "steps": cost.steps, "overhead_s": cost.overhead_s,
-                            "fill_s": cost.fill_s, "vpu_s": cost.vpu_s, "vmem_bytes": vmem,
-                            "vmem_budget": int(m.params["vmem_scoped_bytes"])})
-
-
 def check_plan(plan: Plan, s: Schedule) -> None:
-    """The kernel's VMEM (blocks double-buffered, scratch) within the scoped budget."""
+    """The kernel's VMEM (blocks double-buffered, scratch) within the scoped budget, and its
+    grid within the steps the model walks."""
     from ...errors import ScheduleError
 
+    model.check_steps(plan, s.op)
     budget = int(s.machine.params["vmem_scoped_bytes"])
     used, parts = plan.vmem_bytes()
     if used > budget:

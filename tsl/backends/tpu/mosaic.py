@@ -68,19 +68,33 @@ def _body(plan: Plan):
     steps = plan.epilogue.steps if plan.epilogue is not None else ()
     cv = plan.conv
 
+    def window(x_ref):
+        """The block's input window, with the convolution's zero padding (and rows past the
+        image, for an edge block) masked to zero: the pipeline leaves them undefined."""
+        x = x_ref[0]
+        if not cv["masked"]:
+            return x
+        rows_axis = 2  # grid (co, n, rows, ci)
+        r0 = pl.program_id(rows_axis) * (cv["th"] * cv["stride"]) - cv["pad"]
+        hh = lax.broadcasted_iota(jnp.int32, x.shape, 0) + r0
+        ww = lax.broadcasted_iota(jnp.int32, x.shape, 1) - cv["pad"]
+        ok = (hh >= 0) & (hh < cv["H"]) & (ww >= 0) & (ww < cv["W"])
+        return jnp.where(ok, x, jnp.zeros((), x.dtype))
+
     def im2col(x_ref, col_ref):
         """The (rows, R*S*ci) tile of the block's output rows, in VMEM."""
         th, Q, ci = cv["th"], cv["Q"], cv["ci"]
         st, dl = cv["stride"], cv["dil"]
         rows = th * Q
+        x = window(x_ref)
         if col_ref.shape[0] > rows:
             col_ref[rows:, :] = jnp.zeros((col_ref.shape[0] - rows, col_ref.shape[1]),
                                           col_ref.dtype)
         for r in range(cv["R"]):
             for s in range(cv["S"]):
-                win = x_ref[pl.ds(0, 1),
-                            pl.ds(r * dl, th, stride=st) if st > 1 else pl.ds(r * dl, th),
-                            pl.ds(s * dl, Q, stride=st) if st > 1 else pl.ds(s * dl, Q), :]
+                win = lax.slice(x, (r * dl, s * dl, 0),
+                                (r * dl + (th - 1) * st + 1, s * dl + (Q - 1) * st + 1, ci),
+                                (st, st, 1))
                 t = r * cv["S"] + s
                 col_ref[:rows, t * ci:(t + 1) * ci] = win.reshape(rows, ci)
         return col_ref[...]
@@ -97,7 +111,10 @@ def _body(plan: Plan):
         bias = ins[2][...] if len(ins) > 2 else None
 
         def finish():
-            o_ref[...] = _epilogue(jnp, lax, steps, acc_ref[...], bias).astype(out_dt)
+            y = _epilogue(jnp, lax, steps, acc_ref[...], bias).astype(out_dt)
+            if plan.kind == "conv":  # the block's th x OW output pixels
+                y = y[:cv["rows"]].reshape(o_ref.shape)
+            o_ref[...] = y
 
         if not red:
             acc_ref[...] = prod
@@ -122,7 +139,8 @@ def pallas_call(plan: Plan, vmem_limit: int, interpret: bool):
     jax, jnp, lax, pl, pltpu = _modules()
 
     def spec(b):
-        shape = tuple(pl.Element(d) if i in b.window else d for i, d in enumerate(b.block))
+        shape = tuple(pl.Element(d, b.pad[i] if b.pad else (0, 0)) if i in b.window else d
+                      for i, d in enumerate(b.block))
         return pl.BlockSpec(shape, b.index)
 
     scratch = [pltpu.VMEM(plan.acc_shape, _jnp_dtype(jnp, plan.acc_dtype))]
@@ -163,23 +181,16 @@ def program(plan: Plan, op, big, vmem_limit: int, interpret: bool):
 
 
 def _conv_program(jnp, lax, plan, op, call, x, w, *rest):
+    """The kernel on the operator's own arrays: NHWC in and out, weights RSCK seen as
+    (R*S, C, K) (a free reshape); NCHW through layout transposes."""
     c = plan.conv
     if c["layout"] == "NCHW":
         x = jnp.transpose(x, (0, 2, 3, 1))
         w = jnp.transpose(w, (2, 3, 1, 0))
-    zero = jnp.zeros((), x.dtype)
-    p = c["pad"]
-    x = lax.pad(x, zero, [(0, 0, 0), (p, c["Hp"] - c["H"] - p, 0), (p, c["Wp"] - c["W"] - p, 0),
-                          (0, c["Cp"] - c["C"], 0)])
-    w = jnp.pad(w.reshape(c["R"] * c["S"], c["C"], c["K"]),
-                [(0, 0), (0, c["Cp"] - c["C"]), (0, c["Kp"] - c["K"])])
-    ks = [x, w]
+    ks = [x, w.reshape(c["R"] * c["S"], c["C"], c["K"])]
     if rest:
-        ks.append(jnp.pad(rest[0], (0, c["Kp"] - c["K"])).reshape(1, -1))
+        ks.append(rest[0].reshape(1, -1))
     y = call(*ks)
-    n, rows_p = c["N"], plan.out.block[1]
-    y = y.reshape(n, c["Pp"] // c["th"], rows_p, c["Kp"])[:, :, :c["rows"], :]
-    y = y.reshape(n, c["Pp"], c["Q"], c["Kp"])[:, :c["P"], :, :c["K"]]
     if c["layout"] == "NCHW":
         y = jnp.transpose(y, (0, 3, 1, 2))
     return y

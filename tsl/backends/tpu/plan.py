@@ -16,7 +16,11 @@ GEMM, from the compacted TIR (see `codegen.compact`):
 
 conv2d (the TPU mapping of the shared conv schedule; see `conv_plan`): rows of the GEMM are
 output pixels N·OH·OW, the kernel taps are folded into the contraction (K = R·S·C, the im2col
-tile built in VMEM from an input window), and the weight block stays resident across row blocks.
+tile built in VMEM from an input window, the zero padding masked there), and the weight block
+stays resident across row blocks.
+
+`schedule_plan` reads the same kernel from the recorded schedule without lowering it: what
+the cost model prices for every knob setting (`model.program`).
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ class Block:
     index: Callable = field(compare=False)
     index_text: str = ""
     window: tuple = ()  # dims indexed by element offset (pl.Element), conv input only
+    # (low, high) padding of each window dim (pl.Element's padding): the kernel reads the
+    # unpadded array, offsets are in padded coordinates, the padded region is masked in VMEM.
+    pad: tuple = ()
 
     @property
     def block_elements(self) -> int:
@@ -64,6 +71,21 @@ class Block:
     @property
     def block_bytes(self) -> int:
         return math.ceil(self.block_elements * dtype_bytes(self.dtype))
+
+    def in_bounds(self, idx: np.ndarray) -> np.ndarray:
+        """Elements of the block inside the array at each block index `idx` (steps, rank):
+        what a DMA really moves (edge blocks and padded windows move less than the block)."""
+        n = np.ones(len(idx), dtype=np.int64)
+        for d, (size, full) in enumerate(zip(self.block, self.shape)):
+            if size is None:
+                continue
+            if d in self.window:
+                lo = self.pad[d][0] if self.pad else 0
+                start = idx[:, d] - lo
+            else:
+                start = idx[:, d] * size
+            n *= np.clip(start + size, 0, full) - np.clip(start, 0, full)
+        return n
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,7 @@ class Plan:
     passes: tuple = ()
     conv: dict = field(default_factory=dict)  # the conv mapping's parameters
     source: str = "schedule"  # where the tiles come from: "schedule" or a baseline's name
+    _indices: dict = field(default_factory=dict, repr=False, compare=False)  # walk cache
 
     @property
     def steps(self) -> int:
@@ -108,15 +131,25 @@ class Plan:
         idx = _grid_points([a.extent for a in self.grid])
         got = blk.index(*[idx[i] for i in range(len(self.grid))])
         cols = [np.broadcast_to(np.asarray(g, dtype=np.int64), (idx.shape[1],)) for g in got]
-        return np.stack(cols, axis=1)
+        self._indices[blk.name] = np.stack(cols, axis=1)
+        return self._indices[blk.name]
 
     def fetches(self, blk: Block) -> np.ndarray:
         """Per grid step, whether the pipeline moves `blk` (its block index differs from the
         previous step's: Pallas keeps a block in VMEM while its index stays the same)."""
-        bi = self.block_indices(blk)
-        change = np.ones(len(bi), dtype=bool)
-        change[1:] = np.any(bi[1:] != bi[:-1], axis=1)
-        return change
+        key = ("fetches", blk.name)
+        if key not in self._indices:
+            bi = self.block_indices(blk)
+            change = np.ones(len(bi), dtype=bool)
+            change[1:] = np.any(bi[1:] != bi[:-1], axis=1)
+            self._indices[key] = change
+        return self._indices[key]
+
+    def moved_bytes(self, blk: Block) -> np.ndarray:
+        """Bytes the pipeline moves for `blk` at each grid step (0 where it keeps the block)."""
+        idx = self.block_indices(blk)
+        per = np.ceil(blk.in_bounds(idx) * dtype_bytes(blk.dtype)).astype(np.int64)
+        return np.where(self.fetches(blk), per, 0)
 
     def vmem_bytes(self) -> tuple[int, list[str]]:
         """VMEM the kernel needs: every block double-buffered by the pipeline, the accumulator
@@ -352,20 +385,8 @@ def gemm_plan(func, op, tsl_op) -> Plan:
     if tuple(b for b in out_blk.block if b is not None) != acc_shape:
         raise LoweringError(f"the accumulator tile {acc_shape} is not the output block "
                             f"{out_blk.block}")
-    passes = []
-    for t, tb in zip(tsl_op.inputs, op.inputs):
-        if t.shape != tb.shape:
-            size = dtype_bytes(t.dtype)
-            passes.append(Pass(f"pad {t.name} {t.shape} -> {tb.shape}",
-                               math.ceil(math.prod(t.shape) * size),
-                               math.ceil(math.prod(tb.shape) * size)))
-    if tsl_op.output.shape != op.output.shape:
-        size = dtype_bytes(op.out_dtype)
-        passes.append(Pass(f"crop out {op.output.shape} -> {tsl_op.output.shape}",
-                           math.ceil(math.prod(tsl_op.output.shape) * size),
-                           math.ceil(math.prod(tsl_op.output.shape) * size)))
     return Plan("gemm", grid, tuple(blocks), out_blk, acc_shape, str(acc.dtype), dot, dims,
-                tsl_op.epilogue, str(out.dtype), tuple(passes))
+                tsl_op.epilogue, str(out.dtype), tuple(gemm_passes(tsl_op, op)))
 
 
 def _zero_own(e, names):
@@ -437,11 +458,107 @@ def stage_tiles(s) -> dict:
     return out
 
 
+def schedule_plan(s, row_group: int) -> Plan:
+    """The kernel a recorded schedule becomes, without lowering it (what the cost model
+    prices for every knob setting): conv2d by `conv_plan`, GEMMs by `schedule_gemm_plan`.
+    Kept on the schedule: the knob search checks it and prices it."""
+    plan = s.__dict__.get("_tpu_plan")
+    if plan is None:
+        plan = conv_plan(s, row_group) if s.op.name == "conv2d" else schedule_gemm_plan(s)
+        s.__dict__["_tpu_plan"] = plan
+    return plan
+
+
+def _digits(lp, g):
+    """Per part of loop `lp` (a fused loop's parts, outer to inner; else the loop itself):
+    (part, its index) at grid index `g`."""
+    parts = lp.parts or (lp,)
+    out, inner = [], 1
+    for part in reversed(parts):
+        out.append((part, rem(div(g, inner), part.extent)))
+        inner *= part.extent
+    return out
+
+
+def schedule_gemm_plan(s) -> Plan:
+    """The Pallas kernel of a recorded GEMM schedule, read from its loops as `gemm_plan` reads
+    it from the lowered TIR (the tests check they agree): the loops of more than one
+    iteration around the staging of A and B are the grid ("parallel" where bound to a core
+    level), the staged tiles the blocks, the accumulator tile the output block."""
+    tiles = stage_tiles(s)
+    a_st = next((st for st in s.stages if st.operand == "A" and st.level.role == "scratchpad"),
+                None)
+    if a_st is None or ("C", "accumulator") not in tiles or ("B", "scratchpad") not in tiles:
+        raise ScheduleError("the Mosaic kernel stages A and B in VMEM and C in the accumulator; "
+                            "the schedule must cache('A'/'B', 'scratchpad', ...) and "
+                            "cache('C', 'accumulator', ...)")
+    op = s.op.padded(s.padded_extents())
+    loops = [lp for lp in s.loops[:s.loops.index(a_st.at) + 1] if lp.extent > 1]
+    grid = tuple(Axis(lp.name, lp.extent, "parallel" if lp.parallel else "arbitrary",
+                      any(s.role_of(a) == "k" for a in lp.axes)) for lp in loops)
+
+    def block(name, operand, tensor, ext) -> Block:
+        dims = op.tile_shape(operand, ext)
+        blk = tuple(None if tile == 1 and d < len(dims) - 2 else tile
+                    for d, (_, tile, _) in enumerate(dims))
+
+        def index(*g):
+            start = {}
+            for lp, gi in zip(loops, g):
+                for part, digit in _digits(lp, gi):
+                    start[part.axes[0]] = start.get(part.axes[0], 0) + digit * part.step
+            return tuple(div(start.get(ax, 0), tile) for ax, tile, _ in dims)
+        text = "(" + ", ".join(f"{ax} // {tile}" for ax, tile, _ in dims) + ")"
+        return Block(name, tensor.shape, tensor.dtype, blk, index, text)
+
+    a = block("A", "A", op.inputs[0], tiles[("A", "scratchpad")])
+    b = block("B", "B", op.inputs[1], tiles[("B", "scratchpad")])
+    out = block("C", "C", op.output, tiles[("C", "accumulator")])
+    out = Block(out.name, out.shape, op.out_dtype, out.block, out.index, out.index_text)
+    ins = [a, b]
+    if op.epilogue.has_bias:
+        last = out.index
+        ins.append(Block("bias", (1, op.output.shape[-1]), op.acc_dtype, (1, out.block[-1]),
+                         lambda *g, last=last: (0, last(*g)[-1]), "(0, j // n)"))
+    one = {a.name: 1 for a in op.axes}
+    ka = [d for d, (ax, _, _) in enumerate(op.tile_shape("A", one)) if s.role_of(ax) == "k"]
+    kb = [d for d, (ax, _, _) in enumerate(op.tile_shape("B", one)) if s.role_of(ax) == "k"]
+    lead = len(a.shape) - 2
+    ca, cb = ka[0] - lead, kb[0] - lead
+    a2, b2 = a.block[-2:], b.block[-2:]
+    dot = (a2[1 - ca], a2[ca], b2[1 - cb])
+    acc = tuple(d for d in out.block if d is not None)
+    return Plan("gemm", grid, tuple(ins), out, acc, op.acc_dtype, dot,
+                (((ca,), (cb,)), ((), ())), s.op.epilogue, op.out_dtype,
+                tuple(gemm_passes(s.op, op)))
+
+
+def gemm_passes(user, op) -> list[Pass]:
+    """The XLA passes around a GEMM kernel of padded operator `op`: pad each input of the
+    user's operator `user` that differs, crop the output."""
+    passes = []
+    for t, tb in zip(user.inputs, op.inputs):
+        if t.shape != tb.shape:
+            size = dtype_bytes(t.dtype)
+            passes.append(Pass(f"pad {t.name} {t.shape} -> {tb.shape}",
+                               math.ceil(math.prod(t.shape) * size),
+                               math.ceil(math.prod(tb.shape) * size)))
+    if user.output.shape != op.output.shape:
+        size = dtype_bytes(op.out_dtype)
+        passes.append(Pass(f"crop out {op.output.shape} -> {user.output.shape}",
+                           math.ceil(math.prod(user.output.shape) * size),
+                           math.ceil(math.prod(user.output.shape) * size)))
+    return passes
+
+
 def conv_plan(s, row_group: int) -> Plan:
     """conv2d on the MXU as a GEMM, with the tiles of the shared conv schedule: the
-    accumulator tile's pixels (its oh x ow extents) become whole output rows, th =
-    ceil(pixels / OW) (at most OH); its channels are the output-channel block; the staged input
-    tile's channels the input-channel block. See `conv_plan_for`."""
+    accumulator tile's oh x ow pixel rows hold th = pixels // OW whole output rows (at least
+    one, at most OH): where the primitive's rows are wider than an output row, the schedule
+    pads ow to them, and the kernel fills those rows with the next output rows instead of
+    padding; its accumulator never exceeds the schedule's tile. The tile's channels are the
+    output-channel block, the staged input tile's channels the input-channel block. See
+    `conv_plan_for`."""
     tiles = stage_tiles(s)
     acc = tiles.get(("C", "accumulator"))
     a_t = tiles.get(("A", "scratchpad"))
@@ -450,8 +567,8 @@ def conv_plan(s, row_group: int) -> Plan:
                             "(cache('C', 'accumulator', ...)) and the input staged in VMEM "
                             "(cache('A', 'scratchpad', ...))")
     P, Q = _pq(s.op)
-    return conv_plan_for(s.op, min(P, -(-acc["oh"] * acc["ow"] // Q)), acc["co"], a_t["ci"],
-                         row_group)
+    th = max(1, min(P, acc["oh"] * acc["ow"] // Q))
+    return conv_plan_for(s.op, th, acc["co"], a_t["ci"], row_group)
 
 
 def _pq(op) -> tuple[int, int]:
@@ -459,81 +576,75 @@ def _pq(op) -> tuple[int, int]:
     return (o[2], o[3]) if op.params["layout"] == "NCHW" else (o[1], o[2])
 
 
-def conv_plan_for(op, th: int, co: int, ci: int, row_group: int,
-                  source: str = "schedule", passes: bool = True) -> Plan:
-    """conv2d on the MXU as a GEMM (rows from N·OH·OW, taps folded into the contraction).
+def channel_block(want: int, full: int, lane: int = 128) -> int:
+    """A block of a channel dimension Mosaic accepts: the whole dimension, or a multiple of
+    the lane width; for a contracted dimension it must also divide it (an edge block's
+    out-of-bounds channels would enter the sum), so the largest such multiple <= `want`."""
+    if want >= full or want < lane:
+        return full
+    return next((c for c in range(want // lane * lane, 0, -lane) if full % c == 0), full)
 
-    Rows are padded to the MXU row group (8), not to 128. Per grid step (channel block, n, row
-    block, ci block) the kernel gets the input window of its th output rows ((th-1)*stride +
-    (R-1)*dilation + 1 rows x the padded width: element-offset blocks), builds the im2col tile
-    (th*OW, R*S*ci) in VMEM and multiplies it by the weight block (R*S*ci, co): one dot with
-    K = R·S·ci. The weight block's index does not depend on the row block, and the channel-block
-    axis is outermost, so the weights stay in VMEM while the row blocks run.
+
+def conv_plan_for(op, th: int, co: int, ci: int, row_group: int,
+                  source: str = "schedule") -> Plan:
+    """conv2d on the MXU as a GEMM (rows from N·OH·OW, taps folded into the contraction),
+    reading and writing the operator's own arrays: no padding, layout or crop pass for NHWC.
+
+    Grid (channel block, n, row block, ci block). Per step the kernel gets the input window of
+    its th output rows ((th-1)*stride + (R-1)*dilation + 1 rows x the window's width:
+    element-offset blocks, the convolution's zero padding fused into the window as
+    pl.Element padding and masked to zero in VMEM), builds the im2col tile (th*OW padded to
+    the row group, R*S*ci) in VMEM and multiplies it by the weight block (R*S*ci, co): one dot
+    with K = R·S·ci. The output block is (th, OW, co) of the (N, OH, OW, K) output: an edge
+    block past OH or K is cut by the pipeline (its extra rows are computed, not stored). The
+    weight block's index does not depend on the row block and the channel-block axis is
+    outermost, so the weights stay in VMEM while the row blocks run.
     """
     N, C, H, W, K, R, S = op.params["shape"]
     stride, pad, dil = op.params["stride"], op.params["padding"], op.params["dilation"]
     P, Q = _pq(op)
-    co = min(co, -(-K // 128) * 128)
-    ci = min(ci, C)
-    Pp = -(-P // th) * th
-    Kp = -(-K // co) * co
-    Cp = -(-C // ci) * ci
+    th = max(1, min(th, P))
+    co = K if co >= K else max(128, co // 128 * 128)
+    ci = channel_block(ci, C)
+    nr, nc, nk = -(-P // th), -(-K // co), C // ci
     rows = th * Q
     rows_p = -(-rows // row_group) * row_group
     hin = (th - 1) * stride + (R - 1) * dil + 1
-    Hp = (Pp - 1) * stride + (R - 1) * dil + 1
-    Wp = (Q - 1) * stride + (S - 1) * dil + 1
+    win = (Q - 1) * stride + (S - 1) * dil + 1
+    if win != W:  # Mosaic: a block's second-minor dim is the array's or a multiple of 8
+        win = -(-win // 8) * 8
+    h_need = (nr * th - 1) * stride + (R - 1) * dil + 1
+    pad_h = (pad, max(0, h_need - H - pad))
+    pad_w = (pad, max(0, win - W - pad))
     dt = op.dtype
-    # Overlapping windows: every dim of the input block is an element offset (Pallas takes
-    # element-indexed dims all or none).
-    x = Block("A", (N, Hp, Wp, Cp), dt, (1, hin, Wp, ci),
-              lambda n, r, c, k: (n, r * (th * stride), 0, k * ci),
-              f"(g0, g1 * {th * stride}, 0, g3 * {ci})", window=(0, 1, 2, 3))
-    w = Block("B", (R * S, Cp, Kp), dt, (R * S, ci, co), lambda n, r, c, k: (0, k, c),
-              "(0, g3, g2)")
+    # Grid (co, n, rows, ci): the weights stay resident while n and the row blocks run.
+    x = Block("A", (N, H, W, C), dt, (1, hin, win, ci),
+              lambda c, n, r, k: (n, r * (th * stride), 0, k * ci),
+              f"(g1, g2 * {th * stride}, 0, g3 * {ci})", window=(0, 1, 2, 3),
+              pad=((0, 0), pad_h, pad_w, (0, 0)))
+    w = Block("B", (R * S, C, K), dt, (R * S, ci, co), lambda c, n, r, k: (0, k, c),
+              "(0, g3, g0)")
     ins = [x, w]
     if op.epilogue.has_bias:
-        ins.append(Block("bias", (1, Kp), op.acc_dtype, (1, co), lambda n, r, c, k: (0, c),
-                         "(0, g2)"))
+        ins.append(Block("bias", (1, K), op.acc_dtype, (1, co), lambda c, n, r, k: (0, c),
+                         "(0, g0)"))
     out_dt = op.out_dtype
-    o = Block("out", (N, (Pp // th) * rows_p, Kp), out_dt, (None, rows_p, co),
-              lambda n, r, c, k: (n, r, c), "(g0, g1, g2)")
-    grid = (Axis("n", N, "parallel", False), Axis("rows", Pp // th, "parallel", False),
-            Axis("co", Kp // co, "parallel", False), Axis("ci", Cp // ci, "arbitrary", True))
-    # Weights resident across row blocks: the channel-block axis goes outside the rows.
-    grid = (grid[2], grid[0], grid[1], grid[3])
-    order = (1, 2, 0, 3)  # position in the new grid of (n, rows, co, ci)
-
-    def reorder(blk: Block) -> Block:
-        f = blk.index
-
-        def index(*g, f=f):
-            return f(*[g[order[i]] for i in range(4)])
-        text = blk.index_text
-        for old, new in ((0, 1), (1, 2), (2, 0)):
-            text = text.replace(f"g{old}", f"G{new}")
-        return Block(blk.name, blk.shape, blk.dtype, blk.block, index, text.replace("G", "g"),
-                     blk.window)
-    ins = [reorder(b) for b in ins]
-    o = reorder(o)
+    o = Block("out", (N, P, Q, K), out_dt, (None, th, Q, co),
+              lambda c, n, r, k: (n, r, 0, c), "(g1, g2, 0, g0)")
+    grid = (Axis("co", nc, "parallel", False), Axis("n", N, "parallel", False),
+            Axis("rows", nr, "parallel", False), Axis("ci", nk, "arbitrary", True))
     size = dtype_bytes(dt)
-    nchw = op.params["layout"] == "NCHW"
     kept = []
-    if nchw or (Hp, Wp, Cp) != (H, W, C) or pad:
-        kept.append(Pass(("transpose NCHW->NHWC, " if nchw else "") +
-                         f"pad A to (N, {Hp}, {Wp}, {Cp})", math.ceil(N * C * H * W * size),
-                         math.ceil(N * Hp * Wp * Cp * size)))
-    if nchw or (Cp, Kp) != (C, K):
-        kept.append(Pass(f"weights to (R*S, {Cp}, {Kp})", math.ceil(R * S * C * K * size),
-                         math.ceil(R * S * Cp * Kp * size)))
-    if nchw or (Pp, rows_p, Kp) != (P, rows, K):
-        out_bytes = math.ceil(N * P * Q * K * dtype_bytes(out_dt))
-        kept.append(Pass(("crop, transpose to NCHW" if nchw else "crop rows and channels"),
-                         math.ceil(N * (Pp // th) * rows_p * Kp * dtype_bytes(out_dt)),
-                         out_bytes))
-    p = Plan("conv", grid, tuple(ins), o, (rows_p, co), op.acc_dtype, (rows_p, R * S * ci, co),
-             (((1,), (0,)), ((), ())), op.epilogue, out_dt, tuple(kept) if passes else (),
-             conv=dict(N=N, C=C, H=H, W=W, K=K, R=R, S=S, P=P, Q=Q, stride=stride, pad=pad,
-                       dil=dil, th=th, rows=rows, Hp=Hp, Wp=Wp, Cp=Cp, Kp=Kp, Pp=Pp, ci=ci,
-                       co=co, layout=op.params["layout"]), source=source)
-    return p
+    if op.params["layout"] == "NCHW":
+        kept = [Pass("transpose A NCHW->NHWC", math.ceil(N * C * H * W * size),
+                     math.ceil(N * C * H * W * size)),
+                Pass("transpose weights KCRS->RSCK", math.ceil(R * S * C * K * size),
+                     math.ceil(R * S * C * K * size)),
+                Pass("transpose out NHWC->NCHW", *[math.ceil(N * P * Q * K *
+                                                             dtype_bytes(out_dt))] * 2)]
+    return Plan("conv", grid, tuple(ins), o, (rows_p, co), op.acc_dtype, (rows_p, R * S * ci, co),
+                (((1,), (0,)), ((), ())), op.epilogue, out_dt, tuple(kept),
+                conv=dict(N=N, C=C, H=H, W=W, K=K, R=R, S=S, P=P, Q=Q, stride=stride, pad=pad,
+                          dil=dil, th=th, rows=rows, ci=ci, co=co, hin=hin, win=win,
+                          masked=bool(pad or pad_h[1] or pad_w[1]),
+                          layout=op.params["layout"]), source=source)
