@@ -39,12 +39,15 @@ class TensorCoreLowering(Lowering):
     def __init__(self, machine, primitive):
         super().__init__(machine)
         self.primitive = primitive
+        self.rows: dict[str, int] = {}  # operand -> elements in a row of its shared tile
 
     def uses_mma(self, op) -> bool:
-        """ldmatrix + mma.sync (machine param `mma_sync`) for the GEMM family; WMMA for conv2d
-        (its shared tile is the kernel window, not a matrix ldmatrix can address) and where
-        the machine does not ask for mma.sync."""
-        return bool(self.machine.params.get("mma_sync")) and op.name != "conv2d"
+        """ldmatrix + mma.sync (machine param `mma_sync`) for the fp16 / bf16 GEMM family;
+        WMMA for conv2d (its shared tile is the kernel window, not a matrix ldmatrix can
+        address), for int8 (m16n8k32 needs a k-32 primitive in the TAM and B as [N, K]) and
+        where the machine does not ask for mma.sync."""
+        return (bool(self.machine.params.get("mma_sync")) and op.name != "conv2d"
+                and op.dtype in ("float16", "bfloat16"))
 
     # -- staging ----------------------------------------------------------------------------
     def cache(self, ctx: LowerContext, stage) -> None:
@@ -113,6 +116,8 @@ class TensorCoreLowering(Lowering):
         cr = sch.cache_read(blk, idx, SHARED if role == "scratchpad" else "warp")
         ctx.blocks[f"{stage.operand}_{'shared' if role == 'scratchpad' else 'frag'}"] = cr
         sch.compute_at(cr, at, preserve_unit_loops=True)
+        if role == "scratchpad":  # the tile's row: its innermost loop (see finalize)
+            self.rows[stage.operand] = int(sch.get(sch.get_loops(cr)[-1]).extent)
 
     def bind(self, ctx: LowerContext, rv, level) -> None:
         if ctx.sch.get(rv).thread_binding is None:  # not bound yet by _bind_parallel
@@ -253,13 +258,14 @@ class TensorCoreLowering(Lowering):
         if self.uses_mma(ctx.op):
             # Swizzled shared tiles (TVM's InjectPermutedLayout): the 16-byte column block
             # of row r is stored at block ^ (r % 8) (^ (r % 8 // 2) for 64-byte rows), for
-            # the cp.async stores and the ldmatrix reads alike: no bank conflicts.
-            for operand in ("A", "B"):
+            # the cp.async stores and the ldmatrix reads alike: no bank conflicts. It needs
+            # rows of 32 elements or more; narrower tiles (a K or N of 16) stay unswizzled.
+            for operand, load in zip(("A", "B"), ctx.blocks["ldmatrix"]):
                 blk = ctx.blocks[f"{operand}_shared"]
                 _spread(sch, blk, warps, ctx.op.dtype)
-                sch.annotate(blk, "permuted_layout", 1)
-            for blk in ctx.blocks["ldmatrix"]:
-                sch.annotate(blk, "permuted_layout", 1)
+                if self.rows[operand] % 32 == 0:
+                    sch.annotate(blk, "permuted_layout", 1)
+                    sch.annotate(load, "permuted_layout", 1)
             return
         for operand in ("A", "B"):
             window = ctx.op.name == "conv2d" and operand == "A"
