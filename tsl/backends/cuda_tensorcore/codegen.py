@@ -132,8 +132,10 @@ def _kernel(dev, source: str) -> "Kernel":
         scopes[scope] = scopes.get(scope, 0) + n
 
     tvm_ffi.structural_walk(func.body, [(tirx.AttrStmt, on_attr), (tirx.AllocBuffer, on_alloc)])
-    # wmma fragments and mma.sync's per-lane registers ("warp": the whole warp's array)
-    fragments = sum(v for k, v in scopes.items() if k.startswith("wmma.") or k == "warp")
+    # wmma fragments and mma.sync's operand arrays ("warp") are the whole warp's; TVM lowers
+    # the accumulators to "local" arrays, each thread's own
+    fragments = (sum(v for k, v in scopes.items() if k.startswith("wmma.") or k == "warp")
+                 + 32 * scopes.get("local", 0))
     return Kernel(gv.name_hint, source, tuple(extents[f"blockIdx.{a}"] for a in "xyz"),
                   tuple(extents[f"threadIdx.{a}"] for a in "xyz"),
                   scopes.get("shared.dyn", 0), scopes.get("shared", 0), fragments,

@@ -13,6 +13,16 @@ Every staged A/B tile is stored "16-blocked": its innermost dimension x becomes 
 so each 16x16 fragment is one contiguous, 256-bit aligned block of shared memory. That is what
 wmma.load_matrix_sync needs (aligned pointer, ldm = 16) and it reads without bank conflicts.
 
+On a machine with `mma_sync` (sm_80) the fp16 / bf16 GEMM family takes another path:
+
+    cache(X, "scratchpad")      -> a row-major shared.dyn tile, swizzled (TVM's
+                                   InjectPermutedLayout: 16-byte block b of row r at b ^ r % 8)
+    cache(X, "operand")         -> "warp" registers in mma.sync's per-lane layout, loaded with
+                                   ldmatrix.x4 (.trans for B given as [K, N])
+    cache("C", "accumulator")   -> "warp" registers; the fused epilogue is computed by the
+                                   store from them, two fp32 per lane as one 8-byte store
+    tensorize                   -> two mma.sync.m16n8k16 per 16x16x16 step
+
 conv2d (NHWC data, RSCK weights) is an implicit GEMM: rows are output pixels, columns output
 channels, the reduction is (r, s, input channel). The weights' tile is staged like a GEMM's B.
 The data's tile is the kernel window, (h, w, c), not an im2col matrix (that would be R x S times
