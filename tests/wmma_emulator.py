@@ -16,6 +16,11 @@ against a small header that gives the CUDA names their meaning on the host:
   only when a `cp.async.wait_group n` leaves at most n newer committed groups pending; copies
   still pending when the thread ends are an error. So a missing wait, or a missing barrier
   after it, gives wrong results or an error, as it may on a GPU;
+- ldmatrix and mma.sync (the inline PTX of sm_80 kernels) and warp shuffles are collective:
+  the 32 lanes meet at a warp barrier and exchange registers, each lane's registers laid out
+  as the PTX ISA specifies (written here from the ISA, not from the back end), so a wrong
+  lane mapping in a kernel gives wrong results; ldmatrix row addresses must be 16-byte
+  aligned and in shared memory;
 - `nvcuda::wmma`: a fragment is a whole 16x16 matrix, and the warp's collective load / mma /
   store / fill is done by its lane 0 (the warps are threadIdx.y); loads and stores check what
   the CUDA documentation requires (a 256-bit aligned pointer, an ldm that is a multiple of 16
