@@ -22,7 +22,7 @@ from ...model import Estimate
 from ...ops.operator import np_dtype
 from . import codegen, model
 
-INSTRUCTIONS = {"wmma.mma": r"wmma\.mma\.sync", "mma.sync": r"\bmma\.sync\.aligned",
+INSTRUCTIONS = {"wmma.mma": r"wmma\.mma\.sync", "mma.sync": r"(?<![\w.])mma\.sync\.aligned",
                 "wmma.load": r"wmma\.load", "ldmatrix": r"ldmatrix",
                 "cp.async": r"cp\.async\.c[ag]",
                 # a fragment load through a generic address: LD + MOVM in SASS, not LDSM
