@@ -1,7 +1,5 @@
-"""The Tensor Core back end: WMMA m16n16k16 (fp16/bf16 -> fp32, int8 -> int32) and, on sm_80,
-ldmatrix + mma.sync m16n8k16 with swizzled shared tiles for the fp16 / bf16 GEMM family, through
-TVM's CUDA code generator, shared-memory staging with cp.async pipelining, PTX/cubin through
-nvcc.
+"""The Tensor Core back end: WMMA m16n16k16 (fp16/bf16 -> fp32, int8 -> int32) through TVM's CUDA
+code generator, shared-memory staging with cp.async pipelining, PTX/cubin through nvcc.
 
 Building needs no GPU (nor nvcc: the CUDA source is TVM's); `.ptx()`, `.resources()` and
 `.export()` need nvcc; `.run()` needs an NVIDIA GPU and CuPy.
