@@ -269,11 +269,15 @@ class TensorCoreLowering(Lowering):
             # Swizzled shared tiles (TVM's InjectPermutedLayout): the 16-byte column block
             # of row r is stored at block ^ (r % 8) (^ (r % 8 // 2) for 64-byte rows), for
             # the cp.async stores and the ldmatrix reads alike: no bank conflicts. It needs
-            # rows of 32 elements or more; narrower tiles (a K or N of 16) stay unswizzled.
+            # rows of 32 elements or more, and a power of two of them: with rows of 96 the
+            # XOR'ed index of a 16-byte vector is not seen to stay contiguous (the copy would
+            # be scattered, no cp.async). Other tiles (a K or N of 16, k_inner = 6) stay
+            # unswizzled.
             for operand, load in zip(("A", "B"), ctx.blocks["ldmatrix"]):
                 blk = ctx.blocks[f"{operand}_shared"]
                 _spread(sch, blk, warps, ctx.op.dtype)
-                if self.rows[operand] % 32 == 0:
+                row = self.rows[operand]
+                if row >= 32 and row & (row - 1) == 0:
                     sch.annotate(blk, "permuted_layout", 1)
                     sch.annotate(load, "permuted_layout", 1)
             return
