@@ -499,8 +499,11 @@ def bank_conflicts(source: str, warps: int, samples: int = 24) -> dict[str, int]
     return total
 
 
-@pytest.mark.parametrize("name", ["matmul-bf16-128x256-8warps-4stages", "dense-f16-bias-relu"])
+@pytest.mark.parametrize("name", ["matmul-bf16-128x256-8warps-4stages", "matmul-f16-ragged"])
 def test_swizzled_shared_tiles_have_no_bank_conflicts(name):
+    """Tiles whose rows are a power of two of 32+ elements are swizzled (fixed knobs here:
+    rows of 32, 128 and 256 elements; the default knobs of a small operator may give rows of
+    16 or 96, which stay unswizzled, see lowering.finalize)."""
     art = built80(name)
     warps = art.kernel.block[1]
     assert bank_conflicts(art.source(), warps) == {"cp.async": 0, "ldmatrix": 0}
