@@ -61,6 +61,10 @@ CONV = {
 WARPS_2X2 = {"m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 2, "k_inner": 2}
 
 
+def uses_mma(art) -> bool:
+    return "mma.sync.aligned" in art.source()
+
+
 @cache
 def built(name: str, machine: str = "tensorcore-sm90"):
     if name in SUITE:
@@ -80,6 +84,7 @@ def test_tam_files(name, sms, smem, peak):
         p = m.primitive(dt)
         assert p.shape == (16, 16, 16) and p.acc_dtype == acc
     assert m.params["cp_async"] and m.params["mma_shapes"]["tf32"] == "m16n8k8"
+    assert bool(m.params.get("mma_sync")) == (name == "tensorcore-sm80")
 
 
 @pytest.mark.parametrize("name", SUITE)
@@ -118,7 +123,11 @@ def test_conv2d_cuda_source(name):
 def test_ptx_and_resources(name, arch):
     art = built(name, "tensorcore-sm80" if arch == "sm_80" else "tensorcore-sm90")
     ins = art.instructions(arch)
-    assert ins["wmma.mma"] > 0 and ins["wmma.load"] > 0 and ins["cp.async"] > 0
+    if uses_mma(art):
+        assert ins["mma.sync"] > 0 and ins["ldmatrix"] > 0 and ins["wmma.mma"] == 0
+    else:
+        assert ins["wmma.mma"] > 0 and ins["wmma.load"] > 0
+    assert ins["cp.async"] > 0
     res = art.resources(arch)
     assert 0 < res["registers"] <= art.machine.params["max_registers_per_thread"]
     assert res["static_shared_bytes"] == art.kernel.static_shared_bytes    # ptxas == TIR
@@ -139,7 +148,8 @@ def test_default_suite_has_no_spills_and_shared_loads(machine, arch):
         assert "spill stores" in res["log"], res["log"]          # ptxas -v was parsed
         assert res["spill_bytes"] == 0, f"{op}: {res['log']}"
         ins = art.instructions(arch)
-        assert ins["wmma.load"] > 0 and ins["wmma.load generic"] == 0, f"{op}: {ins}"
+        assert ins["wmma.load"] + ins["ldmatrix"] > 0, f"{op}: {ins}"
+        assert ins["wmma.load generic"] == 0, f"{op}: {ins}"   # ldmatrix is .shared always
         ok, summary = art.check(arch)
         assert ok, f"{op}: {summary}"
 
@@ -362,3 +372,144 @@ def test_numerics_on_gpu(name):
     art = built(name)
     ok, err = art.verify(seed=int(np.random.default_rng().integers(1 << 30)))
     assert ok, err
+
+
+# -- sm_80: ldmatrix + mma.sync ------------------------------------------------------------------
+# The fp16 / bf16 GEMM family on sm_80, on shapes that are not multiples of the tile (the core
+# pads them), with the default knobs, 4 warps, and 8 warps of a 128x256 block tile through a
+# 4-stage pipeline.
+MMA = {
+    "matmul-f16-ragged": (lambda: tsl.ops.matmul(72, 100, 80, dtype="float16"),
+                          {"m_inner": 2, "n_inner": 2, "m_outer": 2, "n_outer": 2,
+                           "k_inner": 2}),
+    "dense-f16-bias-relu": (lambda: tsl.ops.dense(40, 96, 64, dtype="float16",
+                                                  epilogue=tsl.ops.bias() + tsl.ops.relu()),
+                            None),
+    "batch_matmul-bf16": (lambda: tsl.ops.batch_matmul(2, 48, 64, 96, dtype="bfloat16"), None),
+    "matmul-bf16-128x256-8warps-4stages": (
+        lambda: tsl.ops.matmul(128, 256, 160, dtype="bfloat16"),
+        {"m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2, "stages": 4}),
+}
+
+
+@cache
+def built80(name: str):
+    op, knobs = MMA[name]
+    return tsl.build(op(), "tensorcore-sm80", knobs=knobs)
+
+
+@pytest.mark.parametrize("name", MMA)
+def test_mma_sync_source(name):
+    """ldmatrix + mma.sync, no WMMA; the epilogue stores from the registers (no static shared
+    tile, no barrier after the main loop), two fp32 per lane and store."""
+    art = built80(name)
+    src = art.source()
+    assert "mma.sync.aligned.m16n8k16.row.col.f32" in src and "ldmatrix.sync.aligned" in src
+    assert "nvcuda::wmma::mma_sync" not in src and art.kernel.static_shared_bytes == 0
+    assert re.search(r"\*\(float2\*\)\((C|out)_ptr \+", src)
+    assert "cp.async" in src
+    if "8warps" in name:
+        assert art.kernel.block == (32, 8, 1)
+        assert len(wmma_emulator.WAIT.findall(src)) >= 3   # wait_group 2, 1, 0: four stages
+
+
+# Emulated (about 15 s each): every path once; batch_matmul-bf16 runs the 8-warp case's
+# bf16 mma.sync and the ragged case's loads, its source is checked above.
+EMULATED = ("matmul-f16-ragged", "dense-f16-bias-relu", "matmul-bf16-128x256-8warps-4stages")
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", EMULATED)
+def test_mma_sync_numerics_emulated(name):
+    """The kernel run lane by lane: ldmatrix, mma.sync and the shuffles exchange registers
+    between the 32 threads of a warp as the PTX ISA lays them out."""
+    ok, err = wmma_emulator.verify(built80(name), seed=7)
+    assert ok, err
+
+
+# Wrong lane mappings, each made in the generated CUDA: the emulator must fail them.
+LANE_MUTATIONS = {
+    # lanes 8-15 give the row addresses of lanes 0-7 (ldmatrix's second 8x8 matrix)
+    "ldmatrix rows": lambda src: src.replace("(((int)threadIdx.x) & 15) * ",
+                                             "(((int)threadIdx.x) & 7) * "),
+    # the accumulator registers of the second n8 half of every mma swapped with the first
+    "mma halves": lambda src: re.sub(r"(C_warp_ptr\s*\+\s*\(+[^;]*?) \+ 4\)", r"\1 + 0)",
+                                     src, count=4),
+}
+
+
+@needs_gxx
+@pytest.mark.parametrize("mutation", LANE_MUTATIONS)
+def test_emulator_fails_a_wrong_lane_mapping(mutation):
+    art = built80("matmul-f16-ragged")
+    src = art.source()
+    mutated = LANE_MUTATIONS[mutation](src)
+    assert mutated != src
+    assert not _emulated_ok(art, mutated)
+
+
+# -- bank conflicts, from the generated CUDA -----------------------------------------------------
+_CP_DST = re.compile(r"ptx_cp_async_legacy_(?:pred_)?c[ag]_16_(\d+)_\d+\(buf_dyn_shmem_ptr, "
+                     r"(.+?), \w+_ptr, ")
+_LDMATRIX = re.compile(r"unsigned int addr = __cvta_generic_to_shared\(\(&\(\(\((\w+)\*\)"
+                       r"buf_dyn_shmem_ptr\)\[(.+)\]\)\) \+ (.+)\);$", re.M)
+_CSE = re.compile(r"int (cse_v\d+) = (.+);$", re.M)
+_ELEM = {"half": 2, "nv_bfloat16": 2, "signed": 1, "char": 1}
+_cse: dict[str, str] = {}
+
+
+def _index_fn(expr: str):
+    """A C index expression of the kernel as a Python function of (lane, env)."""
+    while "cse_v" in expr:  # values TVM named once: substituted
+        expr = re.sub(r"\bcse_v\d+\b", lambda m: f"({_cse[m[0]]})", expr)
+    py = (expr.replace("((int)threadIdx.x)", "tx").replace("((int)threadIdx.y)", "ty")
+          .replace("((int)blockIdx.x)", "bx").replace("/", "//"))
+    names = sorted(set(re.findall(r"\b[a-z_]\w*\b", py)) - {"tx"})
+    code = compile(py, "<index>", "eval")
+    return names, lambda tx, env: eval(code, {}, {**env, "tx": tx})  # noqa: S307
+
+
+def bank_conflicts(source: str, warps: int, samples: int = 24) -> dict[str, int]:
+    """Extra shared-memory wavefronts of the kernel's 16-byte cp.async stores and ldmatrix row
+    reads, from the index expressions in its CUDA source: each quarter warp (8 lanes; for
+    ldmatrix the 8 row addresses of one 8x8 matrix) is one wavefront when its 16-byte chunks
+    fall in 8 different bank groups (addr / 16 % 8); every chunk more in one group is a
+    conflict. Evaluated for every lane over sampled warps, blocks and loop counters."""
+    import random
+
+    rng = random.Random(0)
+    _cse.clear()
+    _cse.update(_CSE.findall(source))
+    found = {"cp.async": [(int(m[1]), m[2]) for m in _CP_DST.finditer(source)],
+             "ldmatrix": [(_ELEM[m[1]], f"({m[2]}) + ({m[3]})")
+                          for m in _LDMATRIX.finditer(source)]}
+    total = {}
+    for kind, sites in found.items():
+        assert sites, f"no {kind} in the kernel"
+        n = 0
+        for elem, expr in sites:
+            names, index = _index_fn(expr)
+            for _ in range(samples):
+                env = {v: (rng.randrange(warps) if v == "ty" else rng.randrange(4))
+                       for v in names}
+                chunks = [index(tx, env) * elem // 16 for tx in range(32)]
+                for q in range(4):
+                    distinct = set(chunks[8 * q:8 * q + 8])
+                    groups = [c % 8 for c in distinct]
+                    n += max(groups.count(g) for g in groups) - 1
+        total[kind] = n
+    return total
+
+
+@pytest.mark.parametrize("name", ["matmul-bf16-128x256-8warps-4stages", "matmul-f16-ragged"])
+def test_swizzled_shared_tiles_have_no_bank_conflicts(name):
+    """Tiles whose rows are a power of two of 32+ elements are swizzled (fixed knobs here:
+    rows of 32, 128 and 256 elements; the default knobs of a small operator may give rows of
+    16 or 96, which stay unswizzled, see lowering.finalize)."""
+    art = built80(name)
+    warps = art.kernel.block[1]
+    assert bank_conflicts(art.source(), warps) == {"cp.async": 0, "ldmatrix": 0}
+    # The same kernel without the swizzle's XOR: row-major stores of whole rows stay free of
+    # conflicts, the ldmatrix reads down a column of 16-byte blocks do not.
+    plain = bank_conflicts(art.source().replace("^", "| 0 *"), warps)
+    assert plain["ldmatrix"] > 0

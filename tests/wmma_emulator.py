@@ -16,6 +16,11 @@ against a small header that gives the CUDA names their meaning on the host:
   only when a `cp.async.wait_group n` leaves at most n newer committed groups pending; copies
   still pending when the thread ends are an error. So a missing wait, or a missing barrier
   after it, gives wrong results or an error, as it may on a GPU;
+- ldmatrix and mma.sync (the inline PTX of sm_80 kernels) and warp shuffles are collective:
+  the 32 lanes meet at a warp barrier and exchange registers, each lane's registers laid out
+  as the PTX ISA specifies (written here from the ISA, not from the back end), so a wrong
+  lane mapping in a kernel gives wrong results; ldmatrix row addresses must be 16-byte
+  aligned and in shared memory;
 - `nvcuda::wmma`: a fragment is a whole 16x16 matrix, and the warp's collective load / mma /
   store / fill is done by its lane 0 (the warps are threadIdx.y); loads and stores check what
   the CUDA documentation requires (a 256-bit aligned pointer, an ldm that is a multiple of 16
@@ -47,6 +52,7 @@ HEADER = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -221,6 +227,118 @@ inline void mma_sync(fragment<accumulator, M, N, K, T>& d,
 }}  // namespace nvcuda::wmma
 using nvcuda::wmma::tsl_load_shared;
 
+// Warp-collective instructions (ldmatrix, mma.sync, shuffles): the 32 lanes are threads
+// that meet at a per-warp barrier, exchange their registers through the warp's slots, meet
+// again, and each lane takes its own result, laid out per lane as the PTX ISA specifies
+// ("Warp-level matrix load instruction: ldmatrix", "Matrix fragments for mma.m16n8k16",
+// "... mma.m16n8k32"). The layouts are written from the ISA here, independently of the
+// back end's intrinsics: a wrong lane mapping in a kernel gives wrong numbers.
+struct EmuWarp {
+  std::barrier<>* bar;
+  unsigned addr[32];
+  unsigned a[32][4], b[32][2];
+  uint32_t c[32][4];
+};
+static std::vector<EmuWarp> g_warps;
+inline int emu_lane() { return threadIdx.x % 32; }
+inline EmuWarp& emu_warp() { return g_warps[threadIdx.y]; }
+inline unsigned __cvta_generic_to_shared(const void* p) {
+  return (unsigned)((const unsigned char*)p - t_view);
+}
+inline unsigned __activemask() { return 0xffffffffu; }
+template <class T> inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles only");
+  EmuWarp& w = emu_warp();
+  memcpy(&w.c[emu_lane()][0], &v, 4);
+  w.bar->arrive_and_wait();
+  T out;
+  memcpy(&out, &w.c[(emu_lane() / width) * width + src % width][0], 4);
+  w.bar->arrive_and_wait();
+  return out;
+}
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8q .. 8q+7 give the addresses of
+// the 8 rows (16 bytes each) of matrix q; register q of lane t gets row t/4, elements
+// 2(t%4), 2(t%4)+1 of it (with .trans: column t/4, rows 2(t%4), 2(t%4)+1).
+inline void emu_ldmatrix(bool trans, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3,
+                         unsigned addr) {
+  EmuWarp& w = emu_warp();
+  int t = emu_lane();
+  if (addr % 16) emu_error("ldmatrix row address not 16-byte aligned (offset, lane)", addr, t);
+  emu_check_shared(t_view + addr, 16, "ldmatrix row outside shared memory (offset, bytes)");
+  w.addr[t] = addr;
+  w.bar->arrive_and_wait();
+  unsigned* r[4] = {&r0, &r1, &r2, &r3};
+  for (int q = 0; q < 4; ++q) {
+    uint16_t lo, hi;
+    if (!trans) {
+      const unsigned char* row = t_view + w.addr[8 * q + t / 4];
+      memcpy(&lo, row + 4 * (t % 4), 2);
+      memcpy(&hi, row + 4 * (t % 4) + 2, 2);
+    } else {
+      memcpy(&lo, t_view + w.addr[8 * q + 2 * (t % 4)] + 2 * (t / 4), 2);
+      memcpy(&hi, t_view + w.addr[8 * q + 2 * (t % 4) + 1] + 2 * (t / 4), 2);
+    }
+    *r[q] = unsigned(lo) | unsigned(hi) << 16;
+  }
+  w.bar->arrive_and_wait();
+}
+template <class E> inline float emu_f16(unsigned reg, int half) {
+  uint16_t v = reg >> (16 * half);
+  E e; memcpy(&e, &v, 2); return float(e);
+}
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: lane t = 4 g + i holds A rows g, g+8,
+// columns 2i, 2i+1 (+8 in a2, a3); B rows (k) 2i, 2i+1 (+8 in b1), column g; C / D rows g,
+// g+8, columns 2i, 2i+1.
+template <class E>
+inline void emu_mma_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1,
+                        unsigned a2, unsigned a3, unsigned b0, unsigned b1, float c0, float c1,
+                        float c2, float c3) {
+  EmuWarp& w = emu_warp();
+  int t = emu_lane(), g = t / 4, i = t % 4;
+  unsigned a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};
+  memcpy(w.a[t], a, sizeof a);
+  memcpy(w.b[t], b, sizeof b);
+  w.bar->arrive_and_wait();
+  auto A = [&](int row, int k) {  // a0: (g, 2i..), a1: (g+8, ..), a2: (g, 2i+8..), a3
+    return emu_f16<E>(w.a[4 * (row % 8) + (k % 8) / 2][(k / 8) * 2 + row / 8], k % 2); };
+  auto B = [&](int k, int n) {
+    return emu_f16<E>(w.b[4 * n + (k % 8) / 2][k / 8], k % 2); };
+  float c[4] = {c0, c1, c2, c3}, d[4];
+  for (int e = 0; e < 4; ++e) {
+    int row = g + 8 * (e / 2), col = 2 * i + e % 2;
+    float acc = c[e];
+    for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+    d[e] = acc;
+  }
+  w.bar->arrive_and_wait();
+  d0 = d[0]; d1 = d[1]; d2 = d[2]; d3 = d[3];
+}
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: lane t = 4 g + i holds A rows g, g+8,
+// columns 4i .. 4i+3 (+16 in a2, a3); B rows (k) 4i .. 4i+3 (+16 in b1), column g.
+inline void emu_mma_s8(int& d0, int& d1, int& d2, int& d3, unsigned a0, unsigned a1,
+                       unsigned a2, unsigned a3, unsigned b0, unsigned b1, int c0, int c1,
+                       int c2, int c3) {
+  EmuWarp& w = emu_warp();
+  int t = emu_lane(), g = t / 4, i = t % 4;
+  unsigned a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};
+  memcpy(w.a[t], a, sizeof a);
+  memcpy(w.b[t], b, sizeof b);
+  w.bar->arrive_and_wait();
+  auto byte = [](unsigned reg, int n) { return int(int8_t(reg >> (8 * n))); };
+  auto A = [&](int row, int k) {
+    return byte(w.a[4 * (row % 8) + (k % 16) / 4][(k / 16) * 2 + row / 8], k % 4); };
+  auto B = [&](int k, int n) { return byte(w.b[4 * n + (k % 16) / 4][k / 16], k % 4); };
+  int c[4] = {c0, c1, c2, c3}, d[4];
+  for (int e = 0; e < 4; ++e) {
+    int row = g + 8 * (e / 2), col = 2 * i + e % 2;
+    int acc = c[e];
+    for (int k = 0; k < 32; ++k) acc += A(row, k) * B(k, col);
+    d[e] = acc;
+  }
+  w.bar->arrive_and_wait();
+  d0 = d[0]; d1 = d[1]; d2 = d[2]; d3 = d[3];
+}
+
 // cp.async: queued per thread, landing when a wait_group retires its group.
 struct EmuCopy { unsigned char* dst; const unsigned char* src; int bytes; bool pred; };
 thread_local std::vector<EmuCopy> t_open;                 // issued, not committed
@@ -261,6 +379,63 @@ _CSIZE = {"half": 2, "nv_bfloat16": 2, "signed char": 1, "unsigned char": 1, "uc
 WAIT = re.compile(r"tvm_builtin_ptx_cp_async_wait_group\w*\(\);")
 
 
+_ASM = re.compile(r"__asm__ __volatile__\(")
+_MMA_CALL = {"f32.f16.f16.f32": "emu_mma_f16<half>", "f32.bf16.bf16.f32": "emu_mma_f16<nv_bfloat16>",
+             "s32.s8.s8.s32": "emu_mma_s8"}
+
+
+def _balanced(text: str, start: int) -> int:
+    """The index just past the parenthesis that closes the one before `start`."""
+    depth, i = 1, start
+    while depth:
+        c = text[i]
+        if c == '"':
+            i = text.index('"', i + 1)
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return i
+
+
+def _operands(part: str) -> list[str]:
+    """The expressions of an asm operand list: '"=r"(x), "r"(y)' -> ['x', 'y']."""
+    out, i = [], 0
+    while (i := part.find('"(', i)) >= 0:
+        end = _balanced(part, i + 2)
+        out.append(part[i + 2:end - 1])
+        i = end
+    return out
+
+
+def _warp_asm(kernel: str) -> str:
+    """Inline PTX of ldmatrix and mma.sync -> calls of the emulator's warp-collective
+    functions, with the operands as the asm statement lists them."""
+    out, last = [], 0
+    for m in _ASM.finditer(kernel):
+        end = _balanced(kernel, m.end())
+        body = kernel[m.end():end - 1]
+        insn = "".join(re.findall(r'^\s*"([^"]*)"', body, re.M))
+        parts = body.split(":")
+        if insn.startswith("ldmatrix"):
+            outs, ins = _operands(parts[1]), _operands(parts[2])
+            if ".x4." not in insn or ".b16" not in insn:
+                raise ValueError(f"the emulator does not know {insn}")
+            call = (f"emu_ldmatrix({'true' if '.trans' in insn else 'false'}, "
+                    f"{', '.join(outs)}, {ins[0]})")
+        elif insn.startswith("mma.sync"):
+            kind = next((v for k, v in _MMA_CALL.items() if k in insn), None)
+            if kind is None or not re.search(r"m16n8k(16|32)\.row\.col", insn):
+                raise ValueError(f"the emulator does not know {insn}")
+            call = f"{kind}({', '.join(_operands(parts[1]) + _operands(parts[2]))})"
+        else:
+            continue
+        out += [kernel[last:m.start()], call]
+        last = end
+    return "".join(out + [kernel[last:]])
+
+
 def _program(source: str, name: str, params) -> str:
     start = source.index('extern "C" __global__')
     prelude, kernel = source[:start], source[start:]
@@ -273,6 +448,7 @@ def _program(source: str, name: str, params) -> str:
     for fn, what, n in _ASYNC.findall(prelude):
         call = "emu_commit_group()" if what == "commit_group" else f"emu_wait_group({n})"
         lines.append(f"inline void {fn}() {{ {call}; }}")
+    kernel = _warp_asm(kernel)
     kernel = re.sub(r"extern __shared__ __align__\(\d+\) uchar (\w+)\[\];",
                     r"uchar* \1 = emu_dyn_base();", kernel)
     offset = 0
@@ -311,6 +487,12 @@ extern "C" int emu_launch(void** args, int gx, int gy, int gz, int bx, int by, i
   sh.writer.assign(sh.size, -1);
   std::barrier<EmuMerge> bar(threads);
   g_barrier = &bar;
+  std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+  g_warps.assign(warps, EmuWarp{{}});
+  for (int w = 0; w < warps; ++w) {{
+    warp_bars.push_back(std::make_unique<std::barrier<>>(32));
+    g_warps[w].bar = warp_bars.back().get();
+  }}
   for (int z = 0; z < gz; ++z) for (int y = 0; y < gy; ++y) for (int x = 0; x < gx; ++x) {{
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)

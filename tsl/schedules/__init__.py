@@ -39,6 +39,13 @@ def _round_choices(extent: int, unit: int, choices):
     return sorted(kept) or [1]
 
 
+def _stage_choices(s: Schedule):
+    """Pipeline depths: double buffering first, deeper up to the machine's
+    `params.pipeline_stages` (asynchronous copies with several groups in flight), or none."""
+    deepest = int(s.machine.params.get("pipeline_stages", 2))
+    return (2, *range(3, deepest + 1), 1)
+
+
 def _stage_and_map(s: Schedule, tiles, k_block, k_step, prim_loop, stages: int) -> None:
     """The part every operator shares: accumulator tiles over the subcore level (when there is
     one) with C staged there, operands packed, staged per reduction block and step, the block
@@ -61,7 +68,7 @@ def schedule_gemm(s: Schedule) -> None:
     (i,), (j,), (k,) = s.axes("m"), s.axes("n"), s.axes("k")
     b = s.axes("b")
     M, N, K = i.extent, j.extent, k.extent
-    stages = s.knob("stages", (2, 1))
+    stages = s.knob("stages", _stage_choices(s))
     # The accumulator tile, in primitives; then accumulator tiles per block (per core).
     m_inner = s.knob("m_inner", _round_choices(M, p.m, (1, 2, 4, 6, 8, 12, 16)))
     n_inner = s.knob("n_inner", _round_choices(N, p.n, (1, 2, 3, 4, 6, 8)))
@@ -88,7 +95,7 @@ def schedule_conv2d(s: Schedule) -> None:
     oh, ow = s.loop("oh"), s.loop("ow")
     co, ci = s.loop("co"), s.loop("ci")
     r, w = s.loop("r"), s.loop("s")
-    stages = s.knob("stages", (2, 1))
+    stages = s.knob("stages", _stage_choices(s))
     P, Q, K, C = oh.extent, ow.extent, co.extent, ci.extent
     # The accumulator tile: rows from ow (times p.m), h_inner rows of oh stacked, co_inner
     # primitives of output channels; co_outer such tiles per block.

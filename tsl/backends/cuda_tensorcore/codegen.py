@@ -26,7 +26,7 @@ class Kernel:
     block: tuple[int, int, int]
     dynamic_shared_bytes: int  # pass at launch (opt in above 48 KiB)
     static_shared_bytes: int
-    fragment_bytes: int  # wmma fragments of one warp (registers)
+    fragment_bytes: int  # wmma fragments / mma.sync registers of one warp
     params: tuple[tuple[str, str], ...]  # (name, dtype) in launch order, inputs then output
 
     @property
@@ -132,7 +132,10 @@ def _kernel(dev, source: str) -> "Kernel":
         scopes[scope] = scopes.get(scope, 0) + n
 
     tvm_ffi.structural_walk(func.body, [(tirx.AttrStmt, on_attr), (tirx.AllocBuffer, on_alloc)])
-    fragments = sum(v for k, v in scopes.items() if k.startswith("wmma."))
+    # wmma fragments and mma.sync's operand arrays ("warp") are the whole warp's; TVM lowers
+    # the accumulators to "local" arrays, each thread's own
+    fragments = (sum(v for k, v in scopes.items() if k.startswith("wmma.") or k == "warp")
+                 + 32 * scopes.get("local", 0))
     return Kernel(gv.name_hint, source, tuple(extents[f"blockIdx.{a}"] for a in "xyz"),
                   tuple(extents[f"threadIdx.{a}"] for a in "xyz"),
                   scopes.get("shared.dyn", 0), scopes.get("shared", 0), fragments,

@@ -13,6 +13,16 @@ Every staged A/B tile is stored "16-blocked": its innermost dimension x becomes 
 so each 16x16 fragment is one contiguous, 256-bit aligned block of shared memory. That is what
 wmma.load_matrix_sync needs (aligned pointer, ldm = 16) and it reads without bank conflicts.
 
+On a machine with `mma_sync` (sm_80) the fp16 / bf16 GEMM family takes another path:
+
+    cache(X, "scratchpad")      -> a row-major shared.dyn tile, swizzled (TVM's
+                                   InjectPermutedLayout: 16-byte block b of row r at b ^ r % 8)
+    cache(X, "operand")         -> "warp" registers in mma.sync's per-lane layout, loaded with
+                                   ldmatrix.x4 (.trans for B given as [K, N])
+    cache("C", "accumulator")   -> "warp" registers; the fused epilogue is computed by the
+                                   store from them, two fp32 per lane as one 8-byte store
+    tensorize                   -> two mma.sync.m16n8k16 per 16x16x16 step
+
 conv2d (NHWC data, RSCK weights) is an implicit GEMM: rows are output pixels, columns output
 channels, the reduction is (r, s, input channel). The weights' tile is staged like a GEMM's B.
 The data's tile is the kernel window, (h, w, c), not an im2col matrix (that would be R x S times
@@ -39,6 +49,15 @@ class TensorCoreLowering(Lowering):
     def __init__(self, machine, primitive):
         super().__init__(machine)
         self.primitive = primitive
+        self.rows: dict[str, int] = {}  # operand -> elements in a row of its shared tile
+
+    def uses_mma(self, op) -> bool:
+        """ldmatrix + mma.sync (machine param `mma_sync`) for the fp16 / bf16 GEMM family;
+        WMMA for conv2d (its shared tile is the kernel window, not a matrix ldmatrix can
+        address), for int8 (m16n8k32 needs a k-32 primitive in the TAM and B as [N, K]) and
+        where the machine does not ask for mma.sync."""
+        return (bool(self.machine.params.get("mma_sync")) and op.name != "conv2d"
+                and op.dtype in ("float16", "bfloat16"))
 
     # -- staging ----------------------------------------------------------------------------
     def cache(self, ctx: LowerContext, stage) -> None:
@@ -51,6 +70,8 @@ class TensorCoreLowering(Lowering):
                 f"the implicit GEMM's reduction); {ctx.op.params['layout']} would need a "
                 f"transposing copy of every tile. Use tsl.ops.conv2d(..., layout='NHWC')")
         self._bind_parallel(ctx)
+        if self.uses_mma(ctx.op):
+            return self._cache_mma(ctx, stage)
         if stage.operand == "C":
             # fragments -> a 16x16 tile of static shared memory per warp -> epilogue -> global
             store = sch.cache_write(blk, 0, "shared")
@@ -86,6 +107,27 @@ class TensorCoreLowering(Lowering):
             offsets = [loops[a] for a in ("r", "s") if a in loops]
             if offsets:
                 sch.reorder(*offsets, loops["q"])
+
+    def _cache_mma(self, ctx: LowerContext, stage) -> None:
+        """C in the warps' registers ("warp" scope, stored from there by the epilogue), A and
+        B in plain row-major shared tiles (swizzled at the end, see finalize) and in
+        registers."""
+        sch, blk, at = ctx.sch, ctx.block, ctx.rv(stage.at)
+        if stage.operand == "C":
+            acc = sch.cache_write(blk, 0, "warp")
+            sch.reverse_compute_at(acc, at, preserve_unit_loops=True)
+            ctx.blocks.update(C_acc=acc, C_store=acc)
+            return
+        idx = self._read_index(ctx, ctx.input_index(stage.operand))
+        role = stage.level.role
+        if role not in ("scratchpad", "operand"):
+            raise LoweringError(f"the Tensor Core back end has no {role} level for "
+                                f"{stage.operand}")
+        cr = sch.cache_read(blk, idx, SHARED if role == "scratchpad" else "warp")
+        ctx.blocks[f"{stage.operand}_{'shared' if role == 'scratchpad' else 'frag'}"] = cr
+        sch.compute_at(cr, at, preserve_unit_loops=True)
+        if role == "scratchpad":  # the tile's row: its innermost loop (see finalize)
+            self.rows[stage.operand] = int(sch.get(sch.get_loops(cr)[-1]).extent)
 
     def bind(self, ctx: LowerContext, rv, level) -> None:
         if ctx.sch.get(rv).thread_binding is None:  # not bound yet by _bind_parallel
@@ -125,6 +167,14 @@ class TensorCoreLowering(Lowering):
             sch.annotate(rv, "software_pipeline_async_stages", [0])
 
     def epilogue(self, ctx: LowerContext, at: Loop | None) -> None:
+        if self.uses_mma(ctx.op):
+            # Register-direct: the epilogue is computed by the store from the registers.
+            try:
+                out = ctx.sch.get_sblock("out")
+            except Exception:  # noqa: BLE001 - no epilogue: the store is the plain copy
+                return
+            ctx.sch.reverse_compute_inline(out)
+            return
         super().epilogue(ctx, at)
         try:
             ctx.blocks["C_store"] = ctx.sch.get_sblock("out")
@@ -144,6 +194,8 @@ class TensorCoreLowering(Lowering):
         b_col = bool(op.params.get("transpose_b"))  # B given as [N, K]: column-major fragments
         k_outer = next(lp for lp in s.loops if s.role_of(lp.axes[0]) == "k")
         init = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
+        if self.uses_mma(op):
+            return self._tensorize_mma(ctx, loop, init, b_col)
         _tile16(sch, init, intrinsics.intrin("fill", acc))
         _tile16(sch, ctx.blocks["A_frag"], intrinsics.intrin("load", dt, SHARED, "A", False))
         _tile16(sch, ctx.blocks["B_frag"], intrinsics.intrin("load", dt, SHARED, "B", b_col))
@@ -152,6 +204,55 @@ class TensorCoreLowering(Lowering):
         sch.reverse_compute_at(ctx.blocks["C_store"], frag, preserve_unit_loops=True)
         sch.tensorize(tile, intrinsics.intrin("store", acc, "shared"))
         sch.tensorize(ctx.rv(loop), intrinsics.intrin("sync", dt, acc, b_col))
+
+    def _tensorize_mma(self, ctx: LowerContext, loop: Loop, init, b_col: bool) -> None:
+        """Registers in mma.sync's per-lane layouts (intrinsics.lane_a / lane_b): every warp
+        buffer is re-indexed (tile row, tile column, lane, element), then the fragment loads
+        become ldmatrix, the product mma.sync, and the store goes from the registers to
+        global memory, two adjacent accumulators (8 bytes) per lane and store."""
+        from tvm.tirx import IndexMap
+
+        sch, op = ctx.sch, ctx.op
+        dt, acc = op.dtype, op.acc_dtype
+        k = intrinsics.mma_k(dt)
+        lane_a, lane_b = intrinsics.lane_a, intrinsics.lane_b
+
+        def relayout(block, buffer, rows, cols, lane):
+            ndim = len(sch.get(block).writes[0].source.shape if buffer[0] == "write"
+                       else sch.get(block).reads[buffer[1]].source.shape)
+            sch.transform_layout(block, buffer, IndexMap.from_func(
+                lambda *i: (*i[:-2], i[-2] // rows, i[-1] // cols,
+                            *lane(i[-2] % rows, i[-1] % cols)),
+                ndim=ndim, index_dtype="int32"))
+
+        relayout(ctx.blocks["A_frag"], ("write", 0), 16, k, lambda i, j: lane_a(i, j, k))
+        if b_col:  # [N, K]
+            relayout(ctx.blocks["B_frag"], ("write", 0), 16, k, lambda n, j: lane_b(n, j, k))
+        else:  # [K, N]
+            relayout(ctx.blocks["B_frag"], ("write", 0), k, 16, lambda j, n: lane_b(n, j, k))
+        relayout(ctx.blocks["C_acc"], ("read", 0), 16, 16, lane_a)
+        _tile(sch, init, 16, 16, intrinsics.intrin("mma_fill", acc))
+        loads = []
+        for operand, trans in (("A", False), ("B", b_col)):
+            frag = ctx.blocks[f"{operand}_frag"]
+            rows, cols = (k, 16) if operand == "B" and not trans else (16, k)
+            loads.append(_tile(sch, frag, rows, cols,
+                               intrinsics.intrin("ldmatrix", dt, SHARED, operand, trans)))
+        sch.tensorize(ctx.rv(loop), intrinsics.intrin("mma", dt, acc))
+        ctx.blocks["ldmatrix"] = loads
+        # The store: lane 4 * (i % 8) + j % 8 // 2 holds rows i, i + 8 and columns j, j + 1.
+        store = ctx.blocks["C_store"]
+        i, j = sch.get_loops(store)[-2:]
+        i0, i1, i2 = sch.split(i, [None, 2, 8])
+        j0, j1, j2, j3 = sch.split(j, [None, 2, 4, 2])
+        sch.reorder(i0, j0, i1, j1, i2, j2, j3)
+        lane = sch.fuse(i2, j2)
+        sch.bind(lane, "threadIdx.x")
+        # The pair goes out through two local registers: TVM's warp-memory lowering reads
+        # registers element by element only; the store to global memory is one 8-byte vector.
+        pair = sch.cache_write(store, 0, "local")
+        sch.reverse_compute_at(pair, lane, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(pair)[-1])
 
     def finalize(self, ctx: LowerContext) -> None:
         """Inline the padding stage into the shared copy; spread the copies over the warps'
@@ -164,6 +265,22 @@ class TensorCoreLowering(Lowering):
                 pass
         warps = next((lp.extent for lp in s.loops if lp.parallel
                       and s.machine.compute_level(lp.parallel).role == "subcore"), 1)
+        if self.uses_mma(ctx.op):
+            # Swizzled shared tiles (TVM's InjectPermutedLayout): the 16-byte column block
+            # of row r is stored at block ^ (r % 8) (^ (r % 8 // 2) for 64-byte rows), for
+            # the cp.async stores and the ldmatrix reads alike: no bank conflicts. It needs
+            # rows of 32 elements or more, and a power of two of them: with rows of 96 the
+            # XOR'ed index of a 16-byte vector is not seen to stay contiguous (the copy would
+            # be scattered, no cp.async). Other tiles (a K or N of 16, k_inner = 6) stay
+            # unswizzled.
+            for operand, load in zip(("A", "B"), ctx.blocks["ldmatrix"]):
+                blk = ctx.blocks[f"{operand}_shared"]
+                _spread(sch, blk, warps, ctx.op.dtype)
+                row = self.rows[operand]
+                if row >= 32 and row & (row - 1) == 0:
+                    sch.annotate(blk, "permuted_layout", 1)
+                    sch.annotate(load, "permuted_layout", 1)
+            return
         for operand in ("A", "B"):
             window = ctx.op.name == "conv2d" and operand == "A"
             # TVM turns a 16 x int8 copy with zero padding into neither cp.async nor
@@ -242,6 +359,17 @@ def _split16(sch, block):
     b0, b1 = sch.split(b, [None, 16])
     sch.reorder(a0, b0, a1, b1)
     return a0, b0, a1
+
+
+def _tile(sch, block, rows: int, cols: int, intrin: str):
+    """Tensorize the innermost two loops of `block` in rows x cols tiles with `intrin`; the
+    block the intrinsic became."""
+    a, b = sch.get_loops(block)[-2:]
+    a0, a1 = sch.split(a, [None, rows])
+    b0, b1 = sch.split(b, [None, cols])
+    sch.reorder(a0, b0, a1, b1)
+    sch.tensorize(a1, intrin)
+    return sch.get_child_blocks(b0)[0]
 
 
 def _tile16(sch, block, intrin: str) -> None:

@@ -13,8 +13,8 @@ It is a model (`kind = "model"`), not a measurement. Per SM and per k-step of a 
 
 and adds what a block cannot overlap with its own work, divided over the blocks resident on
 the SM (they hide each other's stalls): a barrier per k-step, the pipeline fill (the copy
-latency of the first stage), and the epilogue (each accumulator fragment goes through shared
-memory between two barriers). Blocks run in waves of (SMs x blocks per SM); the last wave runs
+latency of the first stage), and the epilogue (WMMA: each accumulator fragment goes through
+shared memory between two barriers; mma.sync / wgmma: stored from the registers). Blocks run in waves of (SMs x blocks per SM); the last wave runs
 with as many blocks per SM as it has. The result is floored by the HBM traffic.
 
 `upper_bound_seconds` is the roofline of the emitted instruction (its rate x the busy share of
@@ -198,6 +198,10 @@ def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm:
     fragment_reads = t.warps * (t.warp_m + t.warp_n) * t.block_k * t.in_bytes
     c_tile = t.block_m * t.block_n * t.acc_bytes
     fragments = (t.warp_m // 16) * (t.warp_n // 16)
+    if t.instruction == "wmma":  # each fragment through shared memory, between two barriers
+        epilogue = 2 * fragments * barrier + 2 * c_tile / smem_bw + c_tile / l2_per_sm
+    else:  # straight from the registers
+        epilogue = c_tile / l2_per_sm
 
     def wave_cycles(per_sm: int) -> tuple[float, dict, dict]:
         per_sub = per_sm * t.warps / SUBPARTITIONS  # warps per scheduler
@@ -210,8 +214,7 @@ def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm:
                 "l2": step_bytes / l2_per_sm}
         exposed = {"barriers": t.k_steps * (barrier + frag_latency),
                    "fill": copy_latency + (t.stages - 1) * step_bytes / l2_per_sm,
-                   "epilogue": 2 * fragments * barrier + 2 * c_tile / smem_bw
-                   + c_tile / l2_per_sm}
+                   "epilogue": epilogue}
         # `per_sm` blocks share the SM's rates; each block's stalls are hidden by the others'
         # work, but a block never finishes before its own work plus its own stalls.
         work = per_sm * t.k_steps * max(step.values())

@@ -23,7 +23,7 @@ from ...model import Estimate
 from ...ops.operator import np_dtype
 from . import codegen, export, model
 
-INSTRUCTIONS = {"wmma.mma": r"wmma\.mma\.sync", "mma.sync": r"\bmma\.sync\.aligned",
+INSTRUCTIONS = {"wmma.mma": r"wmma\.mma\.sync", "mma.sync": r"(?<![\w.])mma\.sync\.aligned",
                 "wmma.load": r"wmma\.load", "ldmatrix": r"ldmatrix",
                 "cp.async": r"cp\.async\.c[ag]",
                 # a fragment load through a generic address: LD + MOVM in SASS, not LDSM
@@ -199,8 +199,10 @@ class TensorCoreArtifact(Artifact):
             if ins["wmma.load generic"] else []) + (
             [f"{res['spill_bytes']} B of register spills"] if res["spill_bytes"] else []) + (
             [] if res["fits"] else ["resources exceed the machine"])
-        summary = (f"wmma.mma x{ins['wmma.mma']}, wmma.load x{ins['wmma.load']}, cp.async "
-                   f"x{ins['cp.async']}; {res['registers']} regs, {res['shared_bytes']} B "
+        loads = (f"mma.sync x{ins['mma.sync']}, ldmatrix x{ins['ldmatrix']}" if ins["mma.sync"]
+                 else f"wmma.mma x{ins['wmma.mma']}, wmma.load x{ins['wmma.load']}")
+        summary = (f"{loads}, cp.async x{ins['cp.async']}; {res['registers']} regs, "
+                   f"{res['shared_bytes']} B "
                    f"shared, {res['spill_bytes']} B spills ({arch or self.arch})")
         return not problems, summary + "".join(f"; FAIL: {p}" for p in problems)
 
