@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tsl
+from tsl.backends.cuda_tensorcore.hopper import HopperArtifact
 import wmma_emulator
 from tsl.backends.cuda_tensorcore import backend, codegen, runtime
 
@@ -147,6 +148,8 @@ def test_default_suite_has_no_spills_and_shared_loads(machine, arch):
         res = art.resources(arch)
         assert "spill stores" in res["log"], res["log"]          # ptxas -v was parsed
         assert res["spill_bytes"] == 0, f"{op}: {res['log']}"
+        if isinstance(art, HopperArtifact):
+            continue  # wgmma reads shared memory through descriptors: test_tensorcore_sm90.py
         ins = art.instructions(arch)
         assert ins["wmma.load"] + ins["ldmatrix"] > 0, f"{op}: {ins}"
         assert ins["wmma.load generic"] == 0, f"{op}: {ins}"   # ldmatrix is .shared always
@@ -241,9 +244,11 @@ def test_estimate_and_benchmark():
 
 
 def test_large_gemm_estimate_is_labelled_an_upper_bound_at_the_wmma_rate():
-    """4096^3 fp16 on sm_90: the kernel issues WMMA, priced at its rate (half the wgmma peak),
-    not at the wgmma peak; the instruction's roofline is printed as an upper bound."""
-    art = tsl.build(tsl.ops.matmul(4096, 4096, 4096, dtype="float16"), "tensorcore-sm90")
+    """4096^3 fp16 on sm_90's warp-level path: the kernel issues WMMA, priced at its rate (half
+    the wgmma peak), not at the wgmma peak; the instruction's roofline is printed as an upper
+    bound. (The default build is the wgmma kernel: test_tensorcore_sm90.py.)"""
+    art = tsl.build(tsl.ops.matmul(4096, 4096, 4096, dtype="float16"), "tensorcore-sm90",
+                    wgmma=False)
     est = art.estimate()
     m = est.model
     assert m.instruction == "wmma" and m.instruction_rate == 0.5
