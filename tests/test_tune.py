@@ -3,10 +3,12 @@
 import json
 import warnings
 
+import numpy as np
 import pytest
 
 import tsl
 from tsl import tune
+from tsl.backend import resolve_target
 from tsl.backends.vta import classic
 from tsl.tune import opspec
 from tsl.tune.__main__ import main as cli
@@ -116,13 +118,52 @@ def test_pool_runner_measures_in_worker_processes(tmp_path):
 def test_spearman_is_reported_and_the_model_transfers(tmp_path):
     db = Database(tmp_path / "t.jsonl")
     res = tune.tune(vta_op(64), "vta", trials=16, batch=4, pool=60, database=db)
-    assert len(res.predicted) == 16 - 1 - 2 * 4  # after the default and two analytic batches
+    assert len(res.predicted) == 16 - 2 * 4  # after two batches ranked by the analytic model
     assert res.run_spearman is not None and -1 <= res.run_spearman <= 1
     assert not res.transferred
     other = tune.tune(vta_op(96), "vta", trials=4, batch=2, pool=40, database=db)
     assert other.transferred
     assert tune.tune(vta_op(96), "vta", trials=4, batch=2, pool=40, database=db,
                      transfer=False).resumed == 4
+
+
+def test_a_transferred_model_ranks_the_first_batch(tmp_path):
+    # A model saved beside the database (here: one that says the analytic model's three
+    # favourites are 20x slower than it thinks) ranks the next run's first batch: after the
+    # default knobs, the run measures the pool's best by analytic time x the model's correction.
+    op, fn, m = vta_op(64), tsl.default_schedule("dense"), resolve_target("vta")[1]
+    scratch = Counting()
+    tune.tune(op, "vta", trials=8, batch=4, pool=40, runner=scratch, transfer=False)
+    liked = scratch.seen[1:4]  # the first batch after the default: the analytic model's top 3
+    trained = [tune.record(op, m, fn, k) for k in scratch.seen]
+    analytic = [tune.analytic_seconds(s) for s in trained]
+    prior = tune.LearnedModel()
+    prior.fit([tune.features(s) for s in trained],
+              [t * (20 if s.knob_values in liked else 1) for s, t in zip(trained, analytic)],
+              analytic)
+    db = Database(tmp_path / "warm.jsonl")
+    prior.save(db.model_path(m, fn))
+    pool = tune.candidates(op, m, fn, limit=40, seed=0)[1:]
+    score = prior.predict([tune.features(s) for s in pool],
+                          [tune.analytic_seconds(s) for s in pool])
+    want = [pool[i].knob_values for i in np.argsort(score, kind="stable")[:3]]
+    assert want != liked  # the model changes the ranking
+    warm = Counting()
+    res = tune.tune(op, "vta", trials=4, batch=4, pool=40, runner=warm, database=db)
+    assert res.transferred and warm.seen == scratch.seen[:1] + want
+
+
+def test_features_do_not_scale_with_the_operator():
+    # The same knobs on an operator twice as large in every dimension: the knob features and
+    # the padding waste are the same (the model trained on one ranks the other).
+    m, fn = resolve_target("vta")[1], tsl.default_schedule("dense")
+    small, large = classic.gemm(16, 128, 64), classic.gemm(32, 256, 128)
+    knobs = tsl.schedule(small, m).knob_values
+    f_small = tune.features(tune.record(small, m, fn, knobs))
+    f_large = tune.features(tune.record(large, m, fn, knobs))
+    n = len(knobs)
+    assert f_small[-n:] == f_large[-n:] and f_small[0] == f_large[0] == 0.0
+    assert len(f_small) == len(f_large)
 
 
 def test_cli_json_and_errors(tmp_path, capsys):
@@ -132,7 +173,7 @@ def test_cli_json_and_errors(tmp_path, capsys):
     out, err = capsys.readouterr()
     summary = json.loads(out)
     assert summary["trials"] == 3 and summary["seconds"] <= summary["default_seconds"]
-    assert "batch 1: 1/3 trials" in err
+    assert "batch 1: 3/3 trials" in err  # the default knobs and the two the model ranks first
     assert len(Database(db)) == 3
     assert cli(["matmul 16x16", "--target", "vta"]) == 2
     assert "3 numbers" in capsys.readouterr().err

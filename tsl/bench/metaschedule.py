@@ -4,7 +4,7 @@ on the same operators, the same CPU target and the same number of measured trial
 Per operator: tsl.tune searches the default schedule's knobs (N trials, in-process), its best is
 built and verified; MetaSchedule's `tune_tir` tunes the operator's TE definition (N trials),
 its best is compiled and verified. Both kernels are then timed with TVM's `time_evaluator`,
-alternately, in 3 rounds (this host's speed drifts), and the medians compared. Tuning
+alternately, in 5 rounds (this host's speed drifts), and the medians compared. Tuning
 wall-clock is each tuner's own, from start to its best configuration.
 """
 
@@ -20,7 +20,7 @@ from ..build import build
 from ..errors import BackendUnavailable, TSLError
 from ..tune import metaschedule, search
 
-ROUNDS = 3
+ROUNDS = 5
 
 
 def operators() -> list:

@@ -12,9 +12,9 @@ on the same operator, for comparison); `python -m tsl.tune` is the command line.
 
 from .database import Database, Key, Record, signature
 from .runner import LocalRunner, Outcome, PoolRunner, Runner
-from .search import (LearnedModel, TuneResult, analytic_rank, analytic_seconds, candidates,
-                     features, neighbours, record, tune)
+from .search import (LearnedModel, TuneResult, analytic_seconds, candidates, features,
+                     neighbours, record, tune)
 
 __all__ = ["Database", "Key", "Record", "signature", "Runner", "LocalRunner", "PoolRunner",
            "Outcome", "TuneResult", "LearnedModel", "tune", "candidates", "features",
-           "analytic_rank", "analytic_seconds", "neighbours", "record"]
+           "analytic_seconds", "neighbours", "record"]

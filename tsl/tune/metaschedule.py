@@ -55,8 +55,8 @@ def tune(op, machine, trials: int, seed: int = 0, trials_per_iter: int = 16,
     set_threads(machine.cores())
     target = codegen.target(machine)
     func = op.prim_func()
-    # Imported on first use inside tune_tir; parsing every TVMScript intrinsic takes minutes on
-    # a loaded 2-core host, a one-time cost of the process that is not tuning.
+    # Imported on first use inside tune_tir (TuneContext); parsing every TVMScript intrinsic
+    # (CUDA's alone ~90 s of CPU) is a one-time cost of this process, not tuning.
     import tvm.s_tir.tensor_intrin  # noqa: F401
     with tempfile.TemporaryDirectory(prefix="tsl-ms-") as tmp:
         t0 = time.perf_counter()
@@ -65,7 +65,8 @@ def tune(op, machine, trials: int, seed: int = 0, trials_per_iter: int = 16,
         try:
             db = ms.tune_tir(func, target, work_dir or tmp, max_trials_global=trials,
                              num_trials_per_iter=min(trials_per_iter, trials),
-                             builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S),
+                             builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S,
+                                                             f_build=_build_function()),
                              runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S),
                              num_tuning_cores=machine.cores(), seed=seed)
             wall = time.perf_counter() - t0
@@ -83,6 +84,26 @@ def tune(op, machine, trials: int, seed: int = 0, trials_per_iter: int = 16,
     ex.jit()["main"](*args)
     ok, err = op.check(args[-1].numpy(), op.reference(*xs))
     return MetaScheduleResult(ex, wall, n, bool(ok), err)
+
+
+def _build_function():
+    """MetaSchedule's `default_build` without its `import tvm.s_tir.tensor_intrin`.
+
+    LocalBuilder starts a new pool of worker processes for every batch, and `default_build`
+    imports every back end's tensor intrinsics in each worker (over 2 minutes of CPU here, CUDA's
+    intrinsics alone 90 s) before building; on 2 cores that was most of MetaSchedule's tuning
+    time. The import only registers intrinsics by name for scheduling, which happens in this
+    process; the module a worker builds already holds the tensorized bodies, so the build is the
+    same. Nested, so that cloudpickle sends it by value (the worker does not import tsl)."""
+
+    def build(mod, target, _params):
+        from tvm.driver import build as tvm_build
+        from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+        mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+        return tvm_build(mod, target=target)
+
+    return build
 
 
 def _tensors(op, xs, dev):

@@ -1,13 +1,16 @@
-"""The knob search: candidates from the schedule's space, ranked by the analytic model, then by
-an XGBoost model trained on what was measured.
+"""The knob search: candidates from the schedule's space, ranked by the analytic model,
+corrected by an XGBoost model trained on what was measured.
 
-The default knobs (and any `start` configurations) are measured first; after that each batch
-comes from a random pool of the space plus the one-knob neighbours of the best two so far. A
-batch is ranked by `analytic_rank` until there are 2 x `batch` successful measurements (or from
-the start, when a model saved with the database by an earlier run of the same schedule on the
-same machine transfers), then by the XGBoost model retrained before each batch. For every batch
-the model ranked, the Spearman correlation of its predictions with the measurements is kept.
-"""
+The first batch is the default knobs (and any `start` configurations), filled up by the
+ranking; after that each batch comes from a random pool of the space plus the one-knob
+neighbours of the best two so far. Candidates are ranked by the analytic model
+(`tsl.model.evaluate`) until there are 2 x `batch` successful measurements, then by the
+analytic model plus the XGBoost model's prediction of its error, retrained before each batch.
+A model saved beside the database by an earlier run of the same schedule on the same machine
+(another operator of the family: the features are size-free) corrects the ranking from the
+first batch on, and the new run's trees are trained on top of it (transfer). For every batch
+the learned model ranked, the Spearman correlation of its predictions with the measurements
+is kept."""
 
 from __future__ import annotations
 
@@ -86,21 +89,32 @@ def record(op, machine, schedule_fn, knobs) -> Schedule | None:
         return None
 
 
-def features(s: Schedule) -> list[float]:
-    """Analytic features of a recorded schedule: padded work, tile shapes, and for every
-    staged tile the bytes it moves into its level over the whole run."""
+def features(s: Schedule, est=None) -> list[float]:
+    """Features of a recorded schedule that do not scale with the operator's size, so that a
+    model trained on one operator of a family ranks another (transfer): the analytic estimate's
+    split of its time (compute and each data path, as shares), the bytes it moves into each
+    level per MAC, its padding waste and balance over cores, and the knobs (log2 of a size, the
+    index of any other choice). `est`: the schedule's `tsl.model.evaluate`, when known."""
     m = s.machine
+    est = est if est is not None else evaluate(s)
+    t = est.seconds
+    macs = s.op.macs
     padded = math.prod(s.padded_extents().values())
-    moved = {lv.name: 0.0 for lv in m.memory}
-    for st in s.stages:
-        loads = math.prod(lp.extent for lp in s.loops[:s.loops.index(st.at) + 1])
-        moved[st.level.name] += loads * st.bytes
     par = math.prod(lp.extent for lp in s.loops if lp.parallel)
     cores = m.cores()
     balance = par / (math.ceil(par / cores) * cores) if par else 1.0
-    knob = [float(s.space[n].index(v)) if isinstance(v, (str, bool)) else float(v)
-            for n, v in sorted(s.knob_values.items())]
-    return [math.log2(padded), balance] + [math.log2(1 + moved[lv.name]) for lv in m.memory] + knob
+    shares = [est.compute_seconds / t] + [est.level_seconds.get(lv.name, 0.0) / t
+                                          for lv in m.memory]
+    per_mac = [math.log2(1 + est.traffic.get(lv.name, 0.0) / max(macs, 1)) for lv in m.memory]
+    knob = [_knob_feature(s.space[n], v) for n, v in sorted(s.knob_values.items())]
+    return ([math.log2(padded / max(macs, 1)), balance, float(est.pipelined)] + shares
+            + per_mac + knob)
+
+
+def _knob_feature(choices, v) -> float:
+    if isinstance(v, (str, bool)) or not isinstance(v, (int, float)):
+        return float(choices.index(v))
+    return math.log2(v) if v > 0 else -1.0
 
 
 def analytic_seconds(s: Schedule) -> float:
@@ -108,15 +122,13 @@ def analytic_seconds(s: Schedule) -> float:
     return evaluate(s).seconds
 
 
-def analytic_rank(schedules: list[Schedule]) -> list[float]:
-    """The analytic model's score of each schedule (lower is better): the one place the search
-    asks the analytic model."""
-    return [analytic_seconds(s) for s in schedules]
-
-
 class LearnedModel:
-    """XGBoost on `features` -> log seconds. Trained on top of `prior` (a model saved by an
-    earlier run of the same schedule on the same machine) when there is one."""
+    """XGBoost on `features` -> the analytic model's error, log(measured / analytic seconds).
+    A schedule's predicted log seconds are its analytic log seconds plus the predicted error:
+    with no measurement yet the ranking is the analytic model's, and what a model learns about
+    the analytic model's mistakes (a data path it underestimates, a knob it misjudges) is what
+    carries over to another operator of the family. Trained on top of `prior` (a model saved by
+    an earlier run of the same schedule on the same machine) when there is one."""
 
     PARAMS = {"max_depth": 4, "eta": 0.2, "nthread": 1}
     ROUNDS = 60
@@ -125,17 +137,19 @@ class LearnedModel:
         self.prior = prior
         self.booster = prior
 
-    def fit(self, feats: list[list[float]], seconds: list[float]) -> None:
+    def fit(self, feats: list[list[float]], seconds: list[float], analytic: list[float]) -> None:
         import xgboost as xgb
 
-        label = np.log(np.asarray(seconds, dtype=float))
+        label = np.log(np.asarray(seconds, dtype=float)) - np.log(np.asarray(analytic, float))
         self.booster = xgb.train(self.PARAMS, xgb.DMatrix(np.array(feats), label=label),
                                  self.ROUNDS, xgb_model=self.prior)
 
-    def predict(self, feats: list[list[float]]) -> np.ndarray:
+    def predict(self, feats: list[list[float]], analytic: list[float]) -> np.ndarray:
+        """Predicted log seconds."""
         import xgboost as xgb
 
-        return self.booster.predict(xgb.DMatrix(np.array(feats)))
+        return (np.log(np.asarray(analytic, dtype=float))
+                + self.booster.predict(xgb.DMatrix(np.array(feats))))
 
     def save(self, path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,6 +246,14 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
             cands.append(s)
         return known[_key(s)]
 
+    ests: dict[int, tuple] = {}  # candidate -> (analytic seconds, features), computed once
+
+    def est(i: int) -> tuple:
+        if i not in ests:
+            e = evaluate(cands[i])
+            ests[i] = (e.seconds, features(cands[i], e))
+        return ests[i]
+
     done: dict[int, float] = {}  # candidate -> seconds (inf: failed)
     order: list[int] = []
     result = TuneResult({}, math.inf, cands[0].knob_values, math.inf)
@@ -247,7 +269,7 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
     model = None
     model_path = db.model_path(machine, fn) if db is not None else None
     if transfer and model_path is not None:
-        model = LearnedModel.load(model_path, len(features(cands[0])))
+        model = LearnedModel.load(model_path, len(est(0)[1]))
         result.transferred = model is not None
 
     def measure(idx: list[int]) -> None:
@@ -263,38 +285,37 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
             if o.ok:
                 result.kind = o.kind
 
+    # The default knobs and the `start` configurations open the first batch; the ranking fills
+    # it (with a transferred model, its picks are measured from the first batch on).
     first = [0] + [add(s) for s in (record(op, machine, fn, k) for k in start or []) if s]
-    first = [i for i in dict.fromkeys(first) if i not in done][:max(trials - len(done), 0)]
+    first = [i for i in dict.fromkeys(first) if i not in done]
     n_batch = 0
-    if first:
-        measure(first)
-        n_batch += 1
-        if progress:
-            progress(_progress_line(n_batch, done, trials, t0, result))
     while len(done) < trials:
         for i in sorted(done, key=done.get)[:2]:
             for n in neighbours(cands[i], op, machine, fn):
                 add(n)
-        todo = [i for i in range(len(cands)) if i not in done]
-        if not todo:
+        todo = [i for i in range(len(cands)) if i not in done and i not in first]
+        room = max(min(batch, trials - len(done)) - len(first), 0)
+        if not todo and not first:
             break
         ok = [i for i in done if math.isfinite(done[i])]
         if len(ok) >= 2 * batch:
             model = LearnedModel(model.prior if model else None)
-            model.fit([features(cands[i]) for i in ok], [done[i] for i in ok])
+            model.fit([est(i)[1] for i in ok], [done[i] for i in ok], [est(i)[0] for i in ok])
         scored = model is not None and model.booster is not None
-        score = (model.predict([features(cands[i]) for i in todo]) if scored
-                 else analytic_rank([cands[i] for i in todo]))
-        picks = [todo[j] for j in np.argsort(score, kind="stable")[:min(batch, trials - len(done))]]
-        measure(picks)
+        score = ((model.predict([est(i)[1] for i in todo], [est(i)[0] for i in todo]) if scored
+                  else np.log([est(i)[0] for i in todo])) if todo and room else [])
+        ranked = [todo[j] for j in np.argsort(score, kind="stable")[:room]]
+        measure((first + ranked)[:trials - len(done)])
+        first = []
         n_batch += 1
-        if scored:
-            got = [(float(score[todo.index(i)]), done[i]) for i in picks
+        if scored and ranked:
+            got = [(float(score[todo.index(i)]), done[i]) for i in ranked
                    if i in done and math.isfinite(done[i])]
             result.predicted += got
             rho = spearman([p for p, _ in got], [t for _, t in got])
             if rho is not None:
-                result.spearman.append((len(done) - len(picks), rho))
+                result.spearman.append((len(done) - len(ranked), rho))
         if progress:
             progress(_progress_line(n_batch, done, trials, t0, result))
     ok = [i for i in done if math.isfinite(done[i])]
@@ -304,12 +325,12 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
                        f"{db.path if db is not None else 'the runner outcomes'}")
     if model_path is not None and len(ok) >= 2:
         final = LearnedModel(model.prior if model else None)
-        final.fit([features(cands[i]) for i in ok], [done[i] for i in ok])
+        final.fit([est(i)[1] for i in ok], [done[i] for i in ok], [est(i)[0] for i in ok])
         final.save(model_path)
     best = min(ok, key=done.get)
     result.knobs, result.seconds = cands[best].knob_values, done[best]
     result.default_seconds = done.get(0, math.inf)
-    result.log = [(cands[i].knob_values, analytic_seconds(cands[i]), done[i]) for i in order]
+    result.log = [(cands[i].knob_values, est(i)[0], done[i]) for i in order]
     best_so_far = math.inf
     for i in order:
         best_so_far = min(best_so_far, done[i])
