@@ -266,6 +266,26 @@ def issue_efficiency(s: Schedule) -> float:
     return min(1.0, blocks / need) if need > 1 else 1.0
 
 
+def feed_efficiency(s: Schedule) -> float:
+    """Fraction of the primitive's rate the operand loads sustain where a mover carries the
+    operands from the primitive's operand level into its accumulator level (a CPU's loads
+    into registers): every reduction step of the accumulator tile loads one vector per
+    block row of A (a broadcast) and one per block column of B, each as wide as a block of
+    the accumulator, at the mover's bytes per cycle; the tile's blocks reuse them."""
+    p = s.primitive
+    acc = next((st for st in s.stages if st.operand == "C"), None)
+    mv = _mover(s, p.a_level, p.c_level) if p is not None and acc is not None else None
+    if mv is None or not mv.bytes_per_cycle or not p.macs_per_cycle:
+        return 1.0
+    ext = _inner_ext(s, acc.at)
+    rows = math.prod(e for a, e in ext.items() if s.role_of(a) == "m") / p.m
+    cols = math.prod(e for a, e in ext.items() if s.role_of(a) == "n") / p.n
+    vector = p.m * p.n * dtype_bytes(p.acc_dtype)
+    load = (rows + cols) * vector / mv.bytes_per_cycle
+    compute = rows * cols * p.m * p.n * p.k / p.macs_per_cycle
+    return min(1.0, compute / load) if load else 1.0
+
+
 def launch_cycles(s: Schedule) -> float:
     """Cycles spent starting parallel instances: each loop run over a compute level with a
     launch cost pays it once per iteration of the loops around it."""
@@ -295,10 +315,14 @@ def compute_parts(s: Schedule) -> tuple[dict, float, list[str]]:
     if p is None or not p.macs_per_cycle:
         return parts, padded, ["no primitive rate in the machine file: compute not modelled"]
     eff = issue_efficiency(s)
-    parts["primitive"] = padded / (p.macs_per_cycle * units * eff)
-    if eff < 1:
+    feed = feed_efficiency(s)
+    parts["primitive"] = padded / (p.macs_per_cycle * units * min(eff, feed))
+    if eff < 1 and eff <= feed:
         notes.append(f"accumulator tile too small to hide the primitive's latency: "
                      f"{100 * eff:.0f}% of its rate")
+    elif feed < 1:
+        notes.append(f"accumulator tile too small for the operand loads to keep up: "
+                     f"{100 * feed:.0f}% of the primitive's rate")
     acc = next((st for st in s.stages if st.operand == "C"), None)
     if acc is not None:
         issues = p.macs_per_cycle / (p.m * p.n * p.k)
