@@ -126,7 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few small rows per target")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--trials", type=int, help="programs searched per operator (default: the "
-                    "back end's, 24 on VTA, 0 elsewhere; 0 = the model's default knobs only)")
+                    "back end's, 24 on VTA, 0 elsewhere; 0 = the model's default knobs only); "
+                    "with --model-check, the search the default knobs are compared with")
     ap.add_argument("--model-check", action="store_true", help="Spearman rank correlation of "
                     "the cost model with measurement over random knob settings")
     ap.add_argument("--samples", type=int, default=30, help="knob settings per operator for "
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
 
     if args.model_check:
         checked = model_check.run(tgts, ops_filter, args.quick, args.samples, progress,
-                                  args.rounds)
+                                  args.rounds, args.trials or 0)
         progress("")
         model_check.print_rows(checked)
         if args.json:

@@ -45,7 +45,8 @@ from ..tam.machine import MemoryLevel, dtype_bytes
 from .estimate import Estimate
 
 
-BALANCE_STALL = 0.2  # fitted on VTA cycles (ResNet-18 C2, C11); see evaluate
+BALANCE_STALL = 0.2  # fitted on VTA cycles (ResNet-18 C2, C11) before explicit_pipeline
+ENGINE_STALL = 0.05  # the same for explicit copies; fitted on VTA cycles (C2-C11 settings)
 
 
 @dataclass(frozen=True)
@@ -419,6 +420,11 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     busiest = max((("compute", V * (R + E) + N * g), (load_path, load), (acc.parent, V * S)),
                   key=lambda kv: kv[1])
     cycles = tiles / V * group + pre + S + serial
+    # Engines that take nearly the same time stall each other now and then (each waits on
+    # the other's tokens): a share of the shorter side, growing with the balance.
+    work, feed = tiles / V * (V * (R + E) + N * g), tiles / V * load
+    if min(work, feed) > 0:
+        cycles += ENGINE_STALL * min(work, feed) ** 2 / max(work, feed)
     return cycles, busiest[0]
 
 
