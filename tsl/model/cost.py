@@ -379,14 +379,14 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     unless the other threads' epilogues cover it. The operand tiles have `stages` buffers per
     thread: loads run that many steps ahead of compute, and between two tiles' reduction
     steps (resets, epilogues, waits on the write-back) they prefetch only that far. With one
-    buffer in all, load and compute of a step take turns."""
+    buffer per thread, a thread's load and compute take turns. Tiles staged outside the
+    accumulator tile load between its reduction steps, as the other loads do."""
     acc = next((t for t in ts if t.what.startswith("C write-back")), None)
     if acc is None or not acc.fills:
         return None
     m = s.machine
-    ops = [st for st in s.stages if st.operand != "C"]
-    if not ops or not all(st.level.managed for st in ops + [x for x in s.stages
-                                                           if x.operand == "C"]):
+    if all(st.operand == "C" for st in s.stages) or not all(st.level.managed
+                                                           for st in s.stages):
         return None
     units = acc.units
     tiles = acc.fills / units  # accumulator tiles per unit
