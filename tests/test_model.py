@@ -111,21 +111,56 @@ def test_spearman():
     assert list(model_check.ranks([5, 1, 5, 2])) == [2.5, 0, 2.5, 1]
 
 
-def test_model_ranks_knob_settings_like_the_vta_simulator():
-    """VTA cycles are deterministic: the floor is the issue's (0.8), on a small layer."""
-    row = model_check.check_op(conv(c=32, hw=8, k=32), "vta", n=20)
+@pytest.fixture(scope="module")
+def vta_check():
+    return model_check.check_op(conv(c=32, hw=8, k=32), "vta", n=20)
+
+
+FLOOR = 0.8  # the issue's floor for VTA cycles
+
+
+def test_model_ranks_knob_settings_like_the_vta_simulator(vta_check):
+    """VTA cycles are deterministic: the floor is the issue's, on a small layer."""
+    row = vta_check
     assert row["n"] == 20 and row["kind"] == "simulated"
-    assert row["spearman"] >= 0.8, row
+    assert row["spearman"] >= FLOOR, row
     assert row["default_vs_best"] <= 1.1, row
 
 
+@pytest.mark.parametrize("permute", ["reversed", "shuffled", "swap halves"])
+def test_the_spearman_floor_fails_a_model_that_ranks_wrongly(vta_check, permute):
+    """The floor is a real one: the model's predictions for the same settings, permuted
+    (backwards, in an arbitrary order, the faster half swapped with the slower), fall below
+    it against the same simulated cycles."""
+    pred = vta_check["model_seconds"]
+    sim = [t[0] for t in vta_check["seconds"]]
+    order = sorted(range(len(pred)), key=pred.__getitem__)
+    half = len(order) // 2
+    moved = {"reversed": order[::-1],
+             "shuffled": [order[(7 * i) % len(order)] for i in range(len(order))],
+             "swap halves": order[half:] + order[:half]}[permute]
+    wrong = [0.0] * len(pred)
+    for src, dst in zip(order, moved):
+        wrong[dst] = pred[src]
+    assert model_check.spearman(wrong, sim) < FLOOR
+
+
 def test_model_ranks_knob_settings_like_cpu_time():
-    """Timing on a shared host is noisy: a tiny shape and a loose floor."""
+    """Timing on a shared host is noisy: a tiny shape and a loose floor, checked only when
+    the clock ranks the settings consistently against itself (on a host whose other load
+    deschedules the kernel's threads, calls take whole scheduler ticks and nothing can be
+    ranked: that is said, not counted as the model's fault)."""
     backend, machine = resolve_target("cpu")
     if backend.unavailable(machine):
         pytest.skip(backend.unavailable(machine))
-    row = model_check.check_op(tsl.ops.matmul(96, 96, 96), "cpu", n=12)
-    assert row["kind"] == "measured" and row["spearman"] >= 0.3, row
+    row = model_check.check_op(tsl.ops.matmul(96, 96, 96), "cpu", n=12, rounds=2)
+    assert row["kind"] == "measured" and len(row["seconds"][0]) == 2, row
+    assert 0 <= row["resolved"] <= 1 and row["noise"] >= 0, row
+    if row["retest"] < 0.6:
+        pytest.skip(f"this host's clock does not rank the settings against itself (retest "
+                    f"Spearman {row['retest']:.2f}, noise {100 * row['noise']:.0f}%): too "
+                    "loaded to check the model")
+    assert row["spearman"] >= 0.3, row
 
 
 def test_bench_trials_and_model_check_flags():

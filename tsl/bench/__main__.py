@@ -126,11 +126,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few small rows per target")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--trials", type=int, help="programs searched per operator (default: the "
-                    "back end's, 24 on VTA, 0 elsewhere; 0 = the model's default knobs only)")
+                    "back end's, 24 on VTA, 0 elsewhere; 0 = the model's default knobs only); "
+                    "with --model-check, the search the default knobs are compared with")
     ap.add_argument("--model-check", action="store_true", help="Spearman rank correlation of "
                     "the cost model with measurement over random knob settings")
     ap.add_argument("--samples", type=int, default=30, help="knob settings per operator for "
                     "--model-check (default 30)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --model-check: times each "
+                    "setting is timed on a clock, in alternating order (default 3)")
     ap.add_argument("--report", metavar="DIR", help="also write DIR/index.html, DIR/report.md, "
                     "the plots and DIR/bench.json; with --compare, the comparison's page")
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two bench JSON "
@@ -165,7 +168,8 @@ def main(argv=None) -> int:
               else "\n", file=sys.stderr, flush=True)
 
     if args.model_check:
-        checked = model_check.run(tgts, ops_filter, args.quick, args.samples, progress)
+        checked = model_check.run(tgts, ops_filter, args.quick, args.samples, progress,
+                                  args.rounds, args.trials or 0)
         progress("")
         model_check.print_rows(checked)
         if args.json:

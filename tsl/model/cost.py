@@ -17,11 +17,19 @@ The model, for a schedule `s`:
   also caps the total bytes at its own bandwidth.
 - **Compute.** The padded MACs at the primitive's rate over the parallel units actually busy
   (the busiest unit sets the time: ceil(tiles / units)), slowed where the accumulator tile
-  holds fewer independent primitives than latency x issue rate needs; plus the epilogue on the
-  vector unit of the accumulator's level.
-- **Overlap.** A transfer overlaps compute when its loop is pipelined, when virtual threads
-  interleave around it, or when it is a hardware cache (prefetch); then the time is the
-  slowest of compute and each path (plus the first fill), otherwise the parts add.
+  holds fewer independent primitives than latency x issue rate needs; zeroing each
+  accumulator tile (one primitive issue per block of it); the epilogue on the vector unit of
+  the accumulator's level (a clip is two operations).
+- **Overlap, explicit copies** (every tile in a managed level, copied by a mover: VTA, TPU):
+  the program is played as its loop of accumulator tiles (`explicit_pipeline`): reset, the
+  reduction steps (each loads its operand tiles and computes), epilogue, write-back, with
+  loads running as many steps ahead as the tiles have buffers (the pipeline depth times the
+  virtual threads) and the next tile's reset waiting for the write-back of the one before
+  it in the same accumulator buffer.
+- **Overlap, hardware caches** (CPU): a transfer overlaps compute when its loop is
+  pipelined, when virtual threads interleave around it, or when it is a hardware cache
+  (prefetch); then the time is the slowest of compute and each path (plus the first fill),
+  otherwise the parts add.
 
 A back end refines this with `evaluate(s, extra=..., detail=...)`: more transfers its program
 makes (padding passes, say) and its own report fields. A back end whose program is not the
@@ -42,7 +50,8 @@ from ..tam.machine import MemoryLevel, dtype_bytes
 from .estimate import Estimate
 
 
-BALANCE_STALL = 0.2  # fitted on VTA cycles (ResNet-18 C2, C11); see evaluate
+BALANCE_STALL = 0.2  # fitted on VTA cycles (ResNet-18 C2, C11) before explicit_pipeline
+ENGINE_STALL = 0.05  # the same for explicit copies; fitted on VTA cycles (C2-C11 settings)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class Transfer:
     units: float = 1.0
     hidden: float = 0.0  # fraction of the shorter of this path and compute hidden by overlap
     in_flight: int = 1  # transfers of this tile under way at once (its pipeline depth)
+    at: int = -1  # position in the schedule's loops of the loop it is staged at (-1: none)
 
     @property
     def total_bytes(self) -> int:
@@ -215,7 +225,7 @@ def transfers(s: Schedule) -> list[Transfer]:
             out.append(Transfer(f"C write-back from {lv.name} at {st.at.name}", parent.name,
                                 lv.name, fills, nbytes, tile_rows(s, st),
                                 mv.latency if mv else 0.0, bool(mv and mv.serial_rows), bw,
-                                shared, units, hidden))
+                                shared, units, hidden, at=s.loops.index(st.at)))
             continue
         nbytes = st.bytes
         if not lv.managed:
@@ -223,7 +233,7 @@ def transfers(s: Schedule) -> list[Transfer]:
         out.append(Transfer(f"{st.operand} tile at {st.at.name}", lv.name, parent.name, fills,
                             nbytes, tile_rows(s, st), mv.latency if mv else 0.0,
                             bool(mv and mv.serial_rows), bw, shared, units, hidden,
-                            st.at.stages))
+                            st.at.stages, s.loops.index(st.at)))
     # A cache with no stage of its own (an L3 around the staged L2) passes on what the tiles
     # staged below it need, with the reuse its own capacity gives.
     for lv in m.memory:
@@ -262,6 +272,26 @@ def issue_efficiency(s: Schedule) -> float:
     return min(1.0, blocks / need) if need > 1 else 1.0
 
 
+def feed_efficiency(s: Schedule) -> float:
+    """Fraction of the primitive's rate the operand loads sustain where a mover carries the
+    operands from the primitive's operand level into its accumulator level (a CPU's loads
+    into registers): every reduction step of the accumulator tile loads one vector per
+    block row of A (a broadcast) and one per block column of B, each as wide as a block of
+    the accumulator, at the mover's bytes per cycle; the tile's blocks reuse them."""
+    p = s.primitive
+    acc = next((st for st in s.stages if st.operand == "C"), None)
+    mv = _mover(s, p.a_level, p.c_level) if p is not None and acc is not None else None
+    if mv is None or not mv.bytes_per_cycle or not p.macs_per_cycle:
+        return 1.0
+    ext = _inner_ext(s, acc.at)
+    rows = math.prod(e for a, e in ext.items() if s.role_of(a) == "m") / p.m
+    cols = math.prod(e for a, e in ext.items() if s.role_of(a) == "n") / p.n
+    vector = p.m * p.n * dtype_bytes(p.acc_dtype)
+    load = (rows + cols) * vector / mv.bytes_per_cycle
+    compute = rows * cols * p.m * p.n * p.k / p.macs_per_cycle
+    return min(1.0, compute / load) if load else 1.0
+
+
 def launch_cycles(s: Schedule) -> float:
     """Cycles spent starting parallel instances: each loop run over a compute level with a
     launch cost pays it once per iteration of the loops around it."""
@@ -273,26 +303,154 @@ def launch_cycles(s: Schedule) -> float:
     return total
 
 
-def compute_cycles(s: Schedule) -> tuple[float, float, list[str]]:
-    """(cycles of the tensor primitive and the epilogue, padded MACs, notes)."""
+def vector_ops(step) -> int:
+    """Vector-unit operations per output element of one epilogue step: a clip is a min and
+    a max, the others one operation each."""
+    return 2 if step.kind == "clip" else 1
+
+
+def compute_parts(s: Schedule) -> tuple[dict, float, list[str]]:
+    """({"primitive", "reset", "epilogue"}: cycles of each on the busiest unit, padded MACs,
+    notes). reset: zeroing each accumulator tile, one primitive issue per block of it;
+    epilogue: the fused steps on the vector unit of the accumulator's level."""
     m, p = s.machine, s.primitive
     padded = math.prod(s.padded_extents().values())
     units = busy_units(s)
     notes = []
+    parts = {"primitive": 0.0, "reset": 0.0, "epilogue": 0.0}
     if p is None or not p.macs_per_cycle:
-        return 0.0, padded, ["no primitive rate in the machine file: compute not modelled"]
+        return parts, padded, ["no primitive rate in the machine file: compute not modelled"]
     eff = issue_efficiency(s)
-    cycles = padded / (p.macs_per_cycle * units * eff)
-    if eff < 1:
+    feed = feed_efficiency(s)
+    parts["primitive"] = padded / (p.macs_per_cycle * units * min(eff, feed))
+    if eff < 1 and eff <= feed:
         notes.append(f"accumulator tile too small to hide the primitive's latency: "
                      f"{100 * eff:.0f}% of its rate")
+    elif feed < 1:
+        notes.append(f"accumulator tile too small for the operand loads to keep up: "
+                     f"{100 * feed:.0f}% of the primitive's rate")
     acc = next((st for st in s.stages if st.operand == "C"), None)
+    if acc is not None:
+        issues = p.macs_per_cycle / (p.m * p.n * p.k)
+        parts["reset"] = (_fills(s, acc.at) * acc.elements / (p.m * p.n)
+                          / (issues * units))
     vec = next((v for v in m.vectors if acc is not None and v.level == acc.level.name), None)
-    steps = len(s.op.epilogue.steps)
-    if vec is not None and steps and vec.ops_per_cycle:
+    ops = sum(vector_ops(step) for step in s.op.epilogue.steps)
+    if vec is not None and ops and vec.ops_per_cycle:
         out = s.op.footprint("C", s.padded_extents())
-        cycles += out * steps / (vec.ops_per_cycle * units)
-    return cycles, padded, notes
+        parts["epilogue"] = out * ops / (vec.ops_per_cycle * units)
+        if s.op.epilogue.has_bias and acc.level.managed:
+            parts["epilogue"] += bias_cycles(s, acc) / units
+    return parts, padded, notes
+
+
+def bias_cycles(s: Schedule, acc: Stage) -> float:
+    """Copying the bias into a managed accumulator level for each accumulator tile: its
+    columns, in the accumulator's dtype, one row per fill through the level's mover."""
+    ext = _inner_ext(s, acc.at)
+    cols = math.prod(e for a, e in ext.items() if s.role_of(a) == "n")
+    lv = acc.level
+    parent = _parent(s, lv)
+    mv = _mover(s, parent.name, lv.name)
+    bw = lv.bandwidth or (mv.bytes_per_cycle if mv else 0.0) or parent.bandwidth
+    nbytes = cols * dtype_bytes(s.op.acc_dtype)
+    per_fill = (mv.latency if mv else 0.0) + (nbytes / bw if bw else 0.0)
+    return _fills(s, acc.at) * per_fill
+
+
+def compute_cycles(s: Schedule) -> tuple[float, float, list[str]]:
+    """(cycles of the tensor primitive, the accumulator resets and the epilogue, padded MACs,
+    notes)."""
+    parts, padded, notes = compute_parts(s)
+    return sum(parts.values()), padded, notes
+
+
+def virtual_threads(s: Schedule, pos: int) -> int:
+    """Virtual threads interleaved around loop position `pos` (1: none)."""
+    m = s.machine
+    return max((min(lp.extent, m.compute_level(lp.parallel).count)
+                for lp in s.loops[:pos + 1]
+                if lp.parallel and m.compute_level(lp.parallel).virtual), default=1)
+
+
+def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[float, str] | None:
+    """Cycles of a program whose every tile is copied explicitly (managed levels), played as
+    the loop of accumulator tiles it is, or None when some tile is a hardware cache's.
+
+    Each accumulator tile: reset R, `n` reduction steps that each load `l` (the operand tiles
+    staged inside it) and compute `g`, the epilogue E, the write-back S. Loads, compute and
+    write-back are separate engines; what couples them is buffering. The accumulator has one
+    buffer per virtual thread (V of them): the next tile's reset waits for the write-back
+    unless the other threads' epilogues cover it. The operand tiles have `stages` buffers per
+    thread: loads run that many steps ahead of compute, and between two tiles' reduction
+    steps (resets, epilogues, waits on the write-back) they prefetch only that far. With one
+    buffer per thread, a thread's load and compute take turns. Tiles staged outside the
+    accumulator tile load between its reduction steps, as the other loads do."""
+    acc = next((t for t in ts if t.what.startswith("C write-back")), None)
+    if acc is None or not acc.fills:
+        return None
+    m = s.machine
+    if all(st.operand == "C" for st in s.stages) or not all(st.level.managed
+                                                           for st in s.stages):
+        return None
+    units = acc.units
+    tiles = acc.fills / units  # accumulator tiles per unit
+    inner = [t for t in ts if t.at > acc.at and not t.what.startswith("C")]
+    outer = [t for t in ts if t not in inner and t is not acc]
+    steps = max((t.fills for t in inner), default=acc.fills) / units  # per unit
+    n = steps / tiles
+    l = sum(t.cycles() for t in inner) / steps if inner else 0.0
+    g = parts["primitive"] / steps
+    R, E, S = parts["reset"] / tiles, parts["epilogue"] / tiles, acc.fill_cycles()
+    hidden_out = sum(t.cycles() for t in outer if t.hidden > 0) / tiles
+    serial = sum(max(t.cycles(), t.shared_cycles()) for t in outer if t.hidden == 0)
+    V = virtual_threads(s, acc.at)
+    depth = max((t.in_flight for t in inner), default=1)  # operand buffers per thread
+    stall = max(0.0, S - (V - 1) * E)  # the reset of a thread's next tile waits for it
+    gap = V * (R + E) + stall  # compute busy (or waiting) on no reduction step
+    N = V * n
+    load = N * l + V * hidden_out
+    if depth >= 2:
+        pre = min(depth * V * l, load, gap)
+        phase = max(load - pre + g, N * g + max(l - pre, 0.0))
+    else:
+        # One buffer per thread: a thread's next tiles load only once its step has computed,
+        # and the loads are issued in order, operand by operand for every thread in turn, so
+        # each round of the V threads waits for one thread's loads after the last compute
+        # (or, load-bound, for one compute after the last load).
+        pre = min(l, gap)
+        phase = n * max(V * g + l, V * l + g) + V * hidden_out - pre
+    group = max(V * R + phase + V * E + stall, load, V * S, V * (R + E) + N * g)
+    load_path = inner[0].parent if inner else m.memory[0].name
+    busiest = max((("compute", V * (R + E) + N * g), (load_path, load), (acc.parent, V * S)),
+                  key=lambda kv: kv[1])
+    cycles = tiles / V * group + pre + S + serial
+    # Engines that take nearly the same time stall each other now and then (each waits on
+    # the other's tokens): a share of the shorter side, growing with the balance.
+    work, feed = tiles / V * (V * (R + E) + N * g), tiles / V * load
+    if min(work, feed) > 0:
+        cycles += ENGINE_STALL * min(work, feed) ** 2 / max(work, feed)
+    return cycles, busiest[0]
+
+
+def _overlapped(comp, overlap, hidden, serial, prologue, level_cycles) -> tuple[float, str]:
+    """(cycles, bound) when movement overlaps compute path by path (hardware caches and
+    prefetch): the slowest of compute and each overlapped path, what the overlap leaves
+    exposed, the first tiles' fill, and the movement that does not overlap."""
+    slowest = max([("compute", comp)] + list(overlap.items()), key=lambda kv: kv[1])
+    cycles = slowest[1] + serial
+    if overlap:
+        worst = max(overlap, key=lambda lv: overlap[lv] * (1 - hidden[lv]))
+        cycles += min(comp, overlap[worst]) * (1 - hidden[worst]) + prologue
+        # Even a pipelined stage stalls now and then when movement and compute take nearly
+        # the same time (each waits on the other's tokens): a share of the shorter side,
+        # growing with the balance, stays exposed.
+        path = max(overlap.values())
+        if min(comp, path) > 0:
+            cycles += BALANCE_STALL * min(comp, path) ** 2 / max(comp, path)
+    bound = slowest[0] if slowest[1] >= serial else max(
+        level_cycles.items(), key=lambda kv: kv[1], default=("compute", 0))[0]
+    return cycles, bound
 
 
 # -- a back end's own program -----------------------------------------------------------------
@@ -339,10 +497,12 @@ def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None
     if program is None and not tiles:
         program = program_of(s)
     if program is None:
-        comp, padded, cnotes = compute_cycles(s)
+        parts, padded, cnotes = compute_parts(s)
+        comp = sum(parts.values())
         ts = transfers(s) + list(extra)
         launches = launch_cycles(s)
     else:
+        parts = None
         comp, padded, cnotes = program.compute_cycles, program.padded_macs, list(program.notes)
         ts = list(program.transfers) + list(extra)
         launches = program.serial_cycles
@@ -369,23 +529,17 @@ def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None
         if t.hidden == 0:
             level_cycles[t.parent] = (level_cycles.get(t.parent, 0.0)
                                       + max(t.cycles(), t.shared_cycles()))
-    slowest = max([("compute", comp)] + list(overlap.items()), key=lambda kv: kv[1])
     pipelined = bool(overlap)
-    cycles = slowest[1] + serial + launches
+    # A back end's program brings its own pipeline (compute, transfers, serial cycles);
+    # the schedule's staged tiles are played tile by tile where every tile is managed.
+    played = explicit_pipeline(s, ts, parts) if program is None else None
+    if played is not None:
+        cycles, bound = played[0] + launches, played[1]
+    else:
+        cycles, bound = _overlapped(comp, overlap, hidden, serial, prologue, level_cycles)
+        cycles += launches
     if program is None and launches > 0.1 * cycles:
         cnotes.append(f"starting parallel instances: {launches / clock * 1e6:.1f} us")
-    if pipelined:
-        # What the overlap leaves exposed of the shorter side, and the first tiles' fill.
-        worst = max(overlap, key=lambda lv: overlap[lv] * (1 - hidden[lv]))
-        cycles += min(comp, overlap[worst]) * (1 - hidden[worst]) + prologue
-        # Even a pipelined stage stalls now and then when movement and compute take nearly
-        # the same time (each waits on the other's tokens): a share of the shorter side,
-        # growing with the balance, stays exposed.
-        path = max(overlap.values())
-        if min(comp, path) > 0:
-            cycles += BALANCE_STALL * min(comp, path) ** 2 / max(comp, path)
-    bound = slowest[0] if slowest[1] >= serial else max(
-        level_cycles.items(), key=lambda kv: kv[1], default=("compute", 0))[0]
     peak = (m.peak(s.op.dtype) or 0.0) / 2  # the file's peak is in operations, a MAC is two
     moves = [f"{t.what} -> {t.level}: {t.bytes:,} B x {t.fills:,}"
              + (f" ({t.rows} rows)" if t.rows > 1 and t.latency else "")

@@ -7,7 +7,8 @@ candidate is evaluated by recording the schedule function again with all its kno
 a candidate that does not fit the machine raises ScheduleError and is dropped. The space is
 searched exhaustively when it is small; otherwise from the best of a random sample, by
 coordinate descent (every value of one knob at a time, from the space the current best
-records) until no knob improves.
+records; a move that does not fit is retried with one other knob a step smaller) until no
+knob improves.
 """
 
 from __future__ import annotations
@@ -95,12 +96,31 @@ class _Search:
                 if name in self.fixed:
                     continue
                 for v in best.schedule.space[name]:
-                    c = self.price({**best.knobs, name: v})
+                    c = self.move(best, name, v)
                     if c is not None and c.estimate.seconds < best.estimate.seconds * (1 - 1e-9):
                         best, moved = c, True
             if not moved:
                 break
         return best
+
+    def move(self, best: Candidate, name: str, value) -> Candidate | None:
+        """`best` with knob `name` at `value`; when that does not fit, the best of the same
+        move with one other knob a step back in its list (spaces list small tiles first), so
+        that a tile can grow along one axis while another shrinks to make room."""
+        knobs = {**best.knobs, name: value}
+        c = self.price(knobs)
+        if c is not None or knobs == best.knobs:
+            return c
+        repaired = []
+        for other, choices in best.schedule.space.items():
+            if other == name or other in self.fixed or other not in knobs:
+                continue
+            i = list(choices).index(knobs[other]) if knobs[other] in choices else 0
+            if i > 0:
+                r = self.price({**knobs, other: choices[i - 1]})
+                if r is not None:
+                    repaired.append(r)
+        return min(repaired, key=lambda r: r.estimate.seconds, default=None)
 
 
 def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,

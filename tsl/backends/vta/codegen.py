@@ -372,16 +372,23 @@ class _Emitter:
         self.chain_root = {}  # a leaf's outermost own loop -> the leaf
         self.bias_entries = 0
         self.scratch_zeroed = set()  # threads whose hazard-padding ACC entries are zeroed
+        self.leafless = set()  # loops with no leaf below (a padding stage the DMA replaces)
         self._index(kernel.root)
         self.depth = {"inp": config.inp_depth, "wgt": config.wgt_depth, "acc": config.acc_depth}
 
     # -- setup -------------------------------------------------------------------------------
-    def _index(self, node):
+    def _index(self, node) -> bool:
+        """Index the leaves below `node`; whether there are any."""
+        found = False
         for ch in node.children:
             if isinstance(ch, LoopNode):
                 self.threads = max(self.threads, ch.vthreads)
-                self._index(ch)
+                if self._index(ch):
+                    found = True
+                else:
+                    self.leafless.add(ch)
                 continue
+            found = True
             if ch.chain:
                 self.chain_root[ch.chain[0]] = ch
             if ch.kind == "copy":
@@ -390,6 +397,7 @@ class _Emitter:
                 self.defining[ch.access["acc"][0]] = ch
                 if "bias" in ch.access:
                     self.bias_entries = max(self.bias_entries, self._bias_entries(ch))
+        return found
 
     def _bias_entries(self, leaf):
         idx = leaf.access["bias"][1][0]
@@ -455,6 +463,8 @@ class _Emitter:
             if leaf is not None:
                 for tid, env in envs:
                     getattr(self, "leaf_" + leaf.kind)(leaf, env, tid)
+            elif ch in self.leafless:
+                continue  # nothing to emit: do not walk its iterations
             elif ch.vthreads > 1:
                 n = ch.vthreads
                 for v in range(0, ch.extent, n):
