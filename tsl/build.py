@@ -60,10 +60,9 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
         raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
     if hasattr(knobs, "best_for"):
         knobs = tuned_knobs(knobs, op, machine, schedule or default_schedule(op.name))
-    # custom_schedule: a back end with its own kernel for an operator (cuda_tensorcore's sm_90a
-    # wgmma GEMM) uses it only in place of the default schedule with the model's knobs
-    options.setdefault("custom_schedule", schedule is not None or bool(knobs))
-    return backend.build(record(op, machine, schedule, knobs), **options)
+    s = record(op, machine, schedule, knobs)
+    s.as_written = schedule is not None or bool(knobs)
+    return backend.build(s, **options)
 
 
 def tuned_knobs(db, op: Operator, machine: Machine, fn: Callable) -> dict | None:

@@ -94,6 +94,9 @@ class Schedule:
         self.stages: list[Stage] = []
         self.epilogue_at: Loop | None = None
         self.packed: dict[str, str] = {}
+        # The user gave the schedule function or knob values (tsl.build sets it): a back end
+        # with its own kernel for the operator (sm_90a wgmma) builds such a schedule as written.
+        self.as_written = False
         self.loops: list[Loop] = [Loop(a.name, (a.name,), a.extent) for a in op.axes]
         self._extent = {a.name: a.extent for a in op.axes}
         self._padded = dict(self._extent)

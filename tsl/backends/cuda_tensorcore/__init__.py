@@ -25,12 +25,11 @@ class TensorCoreBackend(Backend):
     def unavailable(self, machine, **options) -> str | None:
         return None  # CUDA source is generated without a GPU; nvcc is checked where needed
 
-    def build(self, schedule, wgmma: bool = True, custom_schedule: bool = False,
-              **options) -> TensorCoreArtifact:
+    def build(self, schedule, wgmma: bool = True, **options) -> TensorCoreArtifact:
         """`wgmma`: on sm_90, build fp16/bf16 GEMMs as the TMA + wgmma kernel (hopper.py) in
         place of the default schedule (a schedule function or knobs given to tsl.build are
-        built as written)."""
-        if wgmma and not custom_schedule and hopper.applies(schedule):
+        built as written: `schedule.as_written`)."""
+        if wgmma and not schedule.as_written and hopper.applies(schedule):
             return hopper.build(schedule)
         ctx = lower(schedule, TensorCoreLowering(schedule.machine, schedule.primitive))
         return TensorCoreArtifact(schedule, ctx, codegen.generate(ctx.sch.mod, schedule.machine))
