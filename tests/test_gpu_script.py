@@ -19,7 +19,12 @@ from tsl.backends.cuda_tensorcore import codegen, export
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "tensorcore_cupy.py"
-torch = pytest.importorskip("torch", reason="the script computes its references with torch")
+try:
+    import torch
+except ImportError:
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed: the script "
+                                 "computes its references with torch")
 spec = importlib.util.spec_from_file_location("tensorcore_cupy", SCRIPT)
 script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(script)
@@ -58,6 +63,7 @@ def gemm_like(shape, k=4096, seed=0):
     return (torch.rand(shape, generator=g) * 2 - 1) * math.sqrt(3 * k) / 3
 
 
+@needs_torch
 def test_a_stale_tile_fails_the_check():
     """One 16x16 tile left from an earlier launch (other inputs) in a 4096^2 fp32 output: the
     old norm-wise 1e-2 criterion passed it; the element-wise tolerance does not."""
@@ -75,6 +81,7 @@ def test_a_stale_tile_fails_the_check():
     assert script.compare(out, ref, tol)["bad"] == 256
 
 
+@needs_torch
 def test_tolerance_grows_with_k_and_is_exact_for_int8():
     ref, abs_sum = torch.ones(4), torch.ones(4)
     tol = [float(script.tolerance({"reduction": k, "acc_dtype": "float32",
@@ -135,6 +142,7 @@ def rehearse(root, *args, driver="12040"):
 
 
 @needs_tools
+@needs_torch
 def test_rehearsal_on_the_emulator(exported):
     """Driver first; a CUDA 12.4 driver cannot JIT the `.version 9.0` PTX, so the sm_90 cubin is
     chosen; every good kernel verifies before and after timing, with events and a graph, and
@@ -165,6 +173,7 @@ def test_rehearsal_on_the_emulator(exported):
 
 
 @needs_tools
+@needs_torch
 def test_rehearsal_exit_status_and_ptx(exported, tmp_path):
     """Each kernel in a process of its own (the default); with a CUDA 13 driver the PTX is
     JIT-compiled; all kernels verified: exit status 0."""
