@@ -10,8 +10,9 @@ load it by path:
     ...
     fn = cupy.RawModule(path=cubin).get_function(meta["kernel"])
     fn.max_dynamic_shared_size_bytes = meta["dynamic_shared_bytes"]
-    tma_launch.launch(fn.ptr, meta, {"A": a.data.ptr, "B": b.data.ptr, "bias": ..,
-                                     "out": out.data.ptr}, cupy.cuda.get_current_stream().ptr)
+    go = tma_launch.Launch(fn.ptr, meta, {"A": a.data.ptr, "B": b.data.ptr, "bias": ..,
+                                          "out": out.data.ptr})
+    go(cupy.cuda.get_current_stream().ptr)
 """
 
 from __future__ import annotations
@@ -100,8 +101,3 @@ class Launch:
             *map(ctypes.c_uint, m["block"]), ctypes.c_uint(m["dynamic_shared_bytes"]),
             ctypes.c_void_p(stream), self.params, None)
         _check(self.lib, res, f"cuLaunchKernel({m['kernel']})")
-
-
-def launch(function: int, meta: dict, pointers: dict[str, int], stream: int = 0) -> None:
-    """Encode and launch once (see Launch)."""
-    Launch(function, meta, pointers)(stream)
