@@ -286,53 +286,38 @@ template <class E> inline float emu_f16(unsigned reg, int half) {
   uint16_t v = reg >> (16 * half);
   E e; memcpy(&e, &v, 2); return float(e);
 }
-// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: lane t = 4 g + i holds A rows g, g+8,
-// columns 2i, 2i+1 (+8 in a2, a3); B rows (k) 2i, 2i+1 (+8 in b1), column g; C / D rows g,
-// g+8, columns 2i, 2i+1.
-template <class E>
-inline void emu_mma_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1,
-                        unsigned a2, unsigned a3, unsigned b0, unsigned b1, float c0, float c1,
-                        float c2, float c3) {
+// One 32-bit register holds N elements; element n of `reg` as the accumulator's type.
+template <class E> struct EmuF16 {
+  static constexpr int N = 2;
+  static float get(unsigned reg, int n) { return emu_f16<E>(reg, n); }
+};
+struct EmuS8 {
+  static constexpr int N = 4;
+  static int get(unsigned reg, int n) { return int(int8_t(reg >> (8 * n))); }
+};
+// mma.sync.aligned.m16n8k{8N}.row.col: lane t = 4 g + i holds A rows g, g+8, columns
+// N i .. N i + N-1 (+4N in a2, a3); B rows (k) N i .. N i + N-1 (+4N in b1), column g; C / D
+// rows g, g+8, columns 2i, 2i+1. f16/bf16 -> f32: N = 2 (m16n8k16); s8 -> s32: N = 4 (m16n8k32).
+template <class El, class Acc>
+inline void emu_mma(Acc& d0, Acc& d1, Acc& d2, Acc& d3, unsigned a0, unsigned a1, unsigned a2,
+                    unsigned a3, unsigned b0, unsigned b1, Acc c0, Acc c1, Acc c2, Acc c3) {
+  constexpr int N = El::N, K = 8 * N;
   EmuWarp& w = emu_warp();
   int t = emu_lane(), g = t / 4, i = t % 4;
   unsigned a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};
   memcpy(w.a[t], a, sizeof a);
   memcpy(w.b[t], b, sizeof b);
   w.bar->arrive_and_wait();
-  auto A = [&](int row, int k) {  // a0: (g, 2i..), a1: (g+8, ..), a2: (g, 2i+8..), a3
-    return emu_f16<E>(w.a[4 * (row % 8) + (k % 8) / 2][(k / 8) * 2 + row / 8], k % 2); };
+  auto A = [&](int row, int k) {  // a0: (g, N i..), a1: (g+8, ..), a2: (g, N i+4N..), a3
+    return El::get(w.a[4 * (row % 8) + (k % (4 * N)) / N][(k / (4 * N)) * 2 + row / 8],
+                   k % N); };
   auto B = [&](int k, int n) {
-    return emu_f16<E>(w.b[4 * n + (k % 8) / 2][k / 8], k % 2); };
-  float c[4] = {c0, c1, c2, c3}, d[4];
+    return El::get(w.b[4 * n + (k % (4 * N)) / N][k / (4 * N)], k % N); };
+  Acc c[4] = {c0, c1, c2, c3}, d[4];
   for (int e = 0; e < 4; ++e) {
     int row = g + 8 * (e / 2), col = 2 * i + e % 2;
-    float acc = c[e];
-    for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
-    d[e] = acc;
-  }
-  w.bar->arrive_and_wait();
-  d0 = d[0]; d1 = d[1]; d2 = d[2]; d3 = d[3];
-}
-// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: lane t = 4 g + i holds A rows g, g+8,
-// columns 4i .. 4i+3 (+16 in a2, a3); B rows (k) 4i .. 4i+3 (+16 in b1), column g.
-inline void emu_mma_s8(int& d0, int& d1, int& d2, int& d3, unsigned a0, unsigned a1,
-                       unsigned a2, unsigned a3, unsigned b0, unsigned b1, int c0, int c1,
-                       int c2, int c3) {
-  EmuWarp& w = emu_warp();
-  int t = emu_lane(), g = t / 4, i = t % 4;
-  unsigned a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};
-  memcpy(w.a[t], a, sizeof a);
-  memcpy(w.b[t], b, sizeof b);
-  w.bar->arrive_and_wait();
-  auto byte = [](unsigned reg, int n) { return int(int8_t(reg >> (8 * n))); };
-  auto A = [&](int row, int k) {
-    return byte(w.a[4 * (row % 8) + (k % 16) / 4][(k / 16) * 2 + row / 8], k % 4); };
-  auto B = [&](int k, int n) { return byte(w.b[4 * n + (k % 16) / 4][k / 16], k % 4); };
-  int c[4] = {c0, c1, c2, c3}, d[4];
-  for (int e = 0; e < 4; ++e) {
-    int row = g + 8 * (e / 2), col = 2 * i + e % 2;
-    int acc = c[e];
-    for (int k = 0; k < 32; ++k) acc += A(row, k) * B(k, col);
+    Acc acc = c[e];
+    for (int k = 0; k < K; ++k) acc += A(row, k) * B(k, col);
     d[e] = acc;
   }
   w.bar->arrive_and_wait();
@@ -380,8 +365,9 @@ WAIT = re.compile(r"tvm_builtin_ptx_cp_async_wait_group\w*\(\);")
 
 
 _ASM = re.compile(r"__asm__ __volatile__\(")
-_MMA_CALL = {"f32.f16.f16.f32": "emu_mma_f16<half>", "f32.bf16.bf16.f32": "emu_mma_f16<nv_bfloat16>",
-             "s32.s8.s8.s32": "emu_mma_s8"}
+_MMA_CALL = {"f32.f16.f16.f32": "emu_mma<EmuF16<half>, float>",
+             "f32.bf16.bf16.f32": "emu_mma<EmuF16<nv_bfloat16>, float>",
+             "s32.s8.s8.s32": "emu_mma<EmuS8, int>"}
 
 
 def _balanced(text: str, start: int) -> int:
