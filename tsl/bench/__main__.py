@@ -22,6 +22,7 @@ import time
 from ..backend import resolve_target, targets
 from ..tam import load
 from ..build import record
+from .. import timing
 from ..errors import BackendUnavailable, TSLError
 from . import model_check, search
 from .rows import roofline_fields
@@ -124,6 +125,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", help="comma-separated operator names (matmul, batch_matmul, "
                     "dense, conv2d)")
     ap.add_argument("--quick", action="store_true", help="a few small rows per target")
+    ap.add_argument("--realtime", action="store_true", help="time at real-time priority "
+                    "(SCHED_FIFO) on a host shared with other work; needs CAP_SYS_NICE "
+                    "(see tsl/timing.py)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--trials", type=int, help="programs searched per operator (default: the "
                     "back end's, 24 on VTA, 0 elsewhere; 0 = the model's default knobs only); "
@@ -148,6 +152,8 @@ def main(argv=None) -> int:
                     "instead (ResNet-18, BERT layer: tsl vs TVM vs PyTorch; int8 ResNet-18; "
                     "Tensor Core compile); with --quick, their small configurations")
     args = ap.parse_args(argv)
+    if args.realtime:
+        timing.request()
     if args.models:
         from .models import main as models_main
 

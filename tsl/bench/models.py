@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..timing import realtime
+
 # ResNet-18: (channels, first stride) of the four stages, two basic blocks each.
 RESNET_STAGES = ((64, 1), (128, 2), (256, 2), (512, 2))
 RESNET_SMALL = dict(width=8, image=32, classes=10)
@@ -231,7 +233,8 @@ class Compiled:
         if once > 1.0:
             return once
         f = self.vm.time_evaluator("forward", dev, number=number, repeat=repeat)
-        return float(f(xt).median)
+        with realtime():
+            return float(f(xt).median)
 
 
 def compile_model(mod, target="cpu", use_tsl: bool = True, database=None) -> Compiled:
@@ -288,7 +291,7 @@ def run_model(name: str, small: bool = False, rounds: int = 3, progress=print) -
             row["err_vs_torch"] = _rel_err(y_tsl, fwd(xt).numpy())
 
         def torch_time(reps: int = 5) -> float:
-            with torch.inference_mode():
+            with torch.inference_mode(), realtime():
                 fwd(xt)
                 ts = []
                 for _ in range(reps):

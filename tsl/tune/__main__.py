@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 
+from .. import timing
 from ..errors import TSLError
 from . import opspec
 from .database import Database
@@ -41,7 +42,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-transfer", action="store_true", help="ignore a learned model saved "
                     "beside the database by earlier runs")
     ap.add_argument("--json", action="store_true", help="print a JSON summary")
+    ap.add_argument("--realtime", action="store_true", help="time at real-time priority "
+                    "(SCHED_FIFO) on a host shared with other work; needs CAP_SYS_NICE "
+                    "(see tsl/timing.py)")
     args = ap.parse_args(argv)
+    if args.realtime:
+        timing.request()
     if args.trials < 1:
         ap.error("--trials must be at least 1")
     if bool(args.rpc) != bool(args.key):

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import BackendUnavailable, LoweringError
+from ..timing import realtime
 
 BUILD_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 120
@@ -34,7 +35,8 @@ class MetaScheduleResult:
         dev = tvm.cpu(0)
         args = _tensors(op, op.random_inputs(7), dev)
         f = self.executable.jit().time_evaluator("main", dev, number=number, repeat=repeat)
-        return float(f(*args).median)
+        with realtime():
+            return float(f(*args).median)
 
 
 def tune(op, machine, trials: int, seed: int = 0, trials_per_iter: int = 16,
@@ -67,7 +69,8 @@ def tune(op, machine, trials: int, seed: int = 0, trials_per_iter: int = 16,
                              num_trials_per_iter=min(trials_per_iter, trials),
                              builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S,
                                                              f_build=_build_function()),
-                             runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S),
+                             runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S,
+                                                          f_run_evaluator=_run_evaluator()),
                              num_tuning_cores=machine.cores(), seed=seed)
             wall = time.perf_counter() - t0
             sch = ms.tir_integration.compile_tir(db, func, target)
@@ -104,6 +107,22 @@ def _build_function():
         return tvm_build(mod, target=target)
 
     return build
+
+
+def _run_evaluator():
+    """MetaSchedule's `default_run_evaluator`, timed like tsl's kernels: under
+    `tsl.timing.realtime` when TSL_TIMING=realtime (the runner's worker inherits the variable),
+    so that both tuners measure their candidates the same way. Nested, like `_build_function`."""
+
+    def run(rt_mod, device, evaluator_config, repeated_args):
+        from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
+
+        from tsl.timing import realtime
+
+        with realtime():
+            return run_evaluator_common(rt_mod, device, evaluator_config, repeated_args)
+
+    return run
 
 
 def _tensors(op, xs, dev):
