@@ -120,17 +120,34 @@ def test_i8mm_keeps_2x2_blocks_exact_on_ragged_edges_under_qemu():
         assert ok, f"{op}: error {err}"
 
 
-@pytest.mark.parametrize("name, cpu", [("aarch64-neon-dotprod", "cortex-a72"),
-                                       ("aarch64-neon-i8mm", "neoverse-n1")])
-def test_qemu_traps_an_instruction_the_cpu_model_lacks(name, cpu):
-    """The emulated check is real: sdot code on a QEMU CPU without dotprod, smmla code on one
-    without i8mm, stop with SIGILL."""
+def test_bfdot_under_qemu_matches_numpy_on_bf16_inputs():
+    """bf16 through bfdot (the LLVM IR's i16 operands given to the bfloat overload,
+    `codegen.bfloat_operands`), A packed inside the kernel and B by the artifact, off-tile,
+    against NumPy's reference of the bf16 inputs."""
+    if host.info().arch == "aarch64":
+        pytest.skip("this host runs AArch64 natively: test_cpu.py runs these machines")
+    _emulatable("aarch64-neon-i8mm")
+    for op in [ops.dense(37, 50, 64, dtype="bfloat16", epilogue=ops.bias() + ops.relu()),
+               ops.conv2d(1, 16, 9, 9, 10, 3, 3, stride=2, padding=1, dtype="bfloat16")]:
+        art = tsl.build(op, "aarch64-neon-i8mm", cross=True)
+        assert art.schedule.primitive.instruction == "dot2"
+        assert "bfdot\tv" in art.source("asm"), op
+        ok, err = art.emulate().verify(seed=5)
+        assert ok and err < 1e-5, f"{op}: error {err}"
+
+
+@pytest.mark.parametrize("name, cpu, dtype", [("aarch64-neon-dotprod", "cortex-a72", "int8"),
+                                              ("aarch64-neon-i8mm", "neoverse-n1", "int8"),
+                                              ("aarch64-neon-i8mm", "neoverse-n1", "bfloat16")])
+def test_qemu_traps_an_instruction_the_cpu_model_lacks(name, cpu, dtype):
+    """The emulated check is real: sdot code on a QEMU CPU without dotprod, smmla and bfdot
+    code on one without i8mm and BF16, stop with SIGILL."""
     if host.info().arch == "aarch64":
         pytest.skip("this host runs AArch64 natively")
     _emulatable(name)
     m = tsl.load_machine(name)
     plain = dataclasses.replace(m, params={**m.params, "qemu_cpu": cpu})
-    art = tsl.build(ops.matmul(16, 16, 16, dtype="int8"), plain, cross=True).emulate()
+    art = tsl.build(ops.matmul(16, 16, 16, dtype=dtype), plain, cross=True).emulate()
     with pytest.raises(tsl.LoweringError, match="Illegal instruction"):
         art.verify()
 

@@ -41,6 +41,9 @@ def _step(p: TensorPrimitive, vec: str):
     if kind in ("dot4", "mmla"):  # (acc, a, b): sdot/vpdpbusd; smmla's 2x2 block in 4 lanes
         return lambda a, x: call(a, as_(x.vload([0], vec), f"int8x{4 * n}"),
                                  as_(x.vload([n], vec), f"int8x{4 * n}"))
+    if kind == "dot2":  # bfdot: the bf16 pairs are int16 vectors to TVM (see cpu.codegen)
+        return lambda a, x: call(a, as_(x.vload([0], vec), f"int16x{2 * n}"),
+                                 as_(x.vload([n], vec), f"int16x{2 * n}"))
     if kind == "madd2":
         # The chain's own sum is the next int16 multiplicand: the micro-kernel's multiply-add
         # pair (vpmaddwd + vpaddd), and nothing loop-invariant to hoist.
@@ -89,6 +92,10 @@ def primitive_rate(m: Machine, p: TensorPrimitive, seconds: float = 0.2,
     f, acc_t = _kernel(p, chains)
     ex = tvm.compile(tvm.IRModule({"main": f}),
                      target=tvm.target.Target({"kind": "llvm", "mcpu": host.info().llvm_cpu}))
+    if p.instruction == "dot2":
+        from ..backends.cpu.codegen import bfloat_operands
+
+        ex = bfloat_operands(ex, [p.intrinsic])
     dev = tvm.cpu(0)
     x = tvm.runtime.tensor(np.full(2 * lanes, 1 if acc_t == "int32" else 0.5, acc_t), dev)
     out = tvm.runtime.empty((chains * lanes,), acc_t, dev)

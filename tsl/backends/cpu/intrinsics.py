@@ -16,6 +16,10 @@ intrinsic of a known kind is one more TOML file.
   reads both operands as int16: weights are widened by the artifact with the packing, A by the
   kernel's packing stage, so that the inner loop is one broadcast load, one multiply-add with a
   memory operand and one add per accumulator register.
+* ``dot2``    C[n] (float32) += sum of 2 bf16 products per lane: AArch64 ``bfdot`` (BF16). The
+  intrinsic takes (acc <n x float>, a <2n x bfloat>, b <2n x bfloat>); k = 2. Arm's BFDOT
+  does not round like IEEE fp32 FMAs (round-to-odd intermediate, denormals flushed), so results
+  differ from an fp32 reference of the bf16 inputs in the last bits.
 * ``mmla``    C[2, 2] (int32) += A[2, 8] * B[8, 2] in one 128-bit register: AArch64 ``smmla``
   (i8mm). A holds two rows of 8 int8 (the activations' pairs of rows, or of output pixels), B
   two columns of 8, C the 2x2 block row-major; the intrinsic takes (acc <4 x i32>,
@@ -43,7 +47,7 @@ class Kind:
 
 
 KINDS = {"vector": Kind(1, 1, False), "dot4": Kind(1, 4, True), "madd2": Kind(1, 2, True),
-         "mmla": Kind(2, 8, True, n=2)}
+         "mmla": Kind(2, 8, True, n=2), "dot2": Kind(1, 2, True)}
 INT_KINDS = ("dot4", "madd2", "mmla")
 
 
@@ -62,6 +66,9 @@ def check(machine, p) -> str:
     if kd.intrinsic and not p.intrinsic:
         raise TAMError(f"{where} key 'intrinsic': instruction {kind!r} needs the LLVM intrinsic "
                        f"it calls (e.g. llvm.x86.avx512.vpdpbusd.512)")
+    if kind == "dot2" and (p.a_dtype, p.b_dtype, p.acc_dtype) != ("bfloat16",) * 2 + ("float32",):
+        raise TAMError(f"{where}: instruction 'dot2' takes bfloat16 x bfloat16 -> float32, not "
+                       f"{p.a_dtype} x {p.b_dtype} -> {p.acc_dtype}")
     if kind in INT_KINDS and (p.acc_dtype != "int32" or p.b_dtype != "int8"
                               or p.a_dtype not in ("int8", "uint8")):
         raise TAMError(f"{where}: instruction {kind!r} takes int8/uint8 x int8 -> int32, not "
@@ -101,13 +108,30 @@ def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
         return name
     if kind == "madd2":
         a_dtype = b_dtype = "int16"
+    elif kind == "dot2":
+        b_dtype = "bfloat16"
     else:
         b_dtype = "int8"
+    acc = "float32" if kind == "dot2" else "int32"
+    # dot4 and dot2 call (acc, A's k elements broadcast to every lane, B): their operand
+    # vectors are int8 (sdot, vpdpbusd) or, for bf16, int16 vectors of the bf16 bits (TVM's
+    # LLVM code generator has no bfloat type: `codegen` gives LLVM the bfloat overload).
+    lane = "int16" if kind == "dot2" else "int8"
+
+    def bits(x, w):
+        """x's elements as `lane` bits. bf16 goes through fp32, exactly: BF16 legalization
+        stores bf16 buffers allocated in the kernel (A's packing stage) as fp32, whose top
+        16 bits are the bf16 value; LLVM folds the round trip for bf16 storage."""
+        if kind == "dot4":
+            return x
+        return T.reinterpret(T.Cast(f"uint16x{w}", T.shift_right(
+            T.reinterpret(T.Cast(f"float32x{w}", x), dtype=f"uint32x{w}"),
+            T.Broadcast(T.uint32(16), w))), dtype=f"int16x{w}")
 
     @T.prim_func(s_tir=True)
     def desc(A: T.Buffer((k,), a_dtype, offset_factor=1),
              B: T.Buffer((n, k), b_dtype, offset_factor=1),
-             C: T.Buffer((n,), "int32", offset_factor=1)) -> None:
+             C: T.Buffer((n,), acc, offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(C[0:n], A[0:k], B[0:n, 0:k])
             T.writes(C[0:n])
@@ -115,24 +139,24 @@ def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
                 for kk in T.serial(0, k):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, kk])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+                        C[vi] = C[vi] + T.cast(A[vk], acc) * T.cast(B[vi, vk], acc)
 
     # Each impl is one expression: named temporaries would become buffers written every call.
-    if kind == "dot4":
+    if kind in ("dot4", "dot2"):
         @T.prim_func(s_tir=True)
         def impl(A: T.Buffer((k,), a_dtype, offset_factor=1),
-                 B: T.Buffer((n, k), "int8", offset_factor=1),
-                 C: T.Buffer((n,), "int32", offset_factor=1)) -> None:
+                 B: T.Buffer((n, k), b_dtype, offset_factor=1),
+                 C: T.Buffer((n,), acc, offset_factor=1)) -> None:
             with T.sblock("root"):
                 T.reads(C[0:n], A[0:k], B[0:n, 0:k])
                 T.writes(C[0:n])
                 C[T.ramp(T.int32(0), 1, n)] = T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(intrinsic),
-                    C.vload([0], dtype=f"int32x{n}"),
-                    T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"),
+                    C.vload([0], dtype=f"{acc}x{n}"),
+                    T.reinterpret(T.broadcast(T.reinterpret(bits(A.vload([0], f"{a_dtype}x{k}"), k),
                                                             dtype="int32"), n),
-                                  dtype=f"int8x{4 * n}"),
-                    B.vload([0, 0], dtype=f"int8x{4 * n}"), dtype=f"int32x{n}")
+                                  dtype=f"{lane}x{k * n}"),
+                    bits(B.vload([0, 0], dtype=f"{b_dtype}x{k * n}"), k * n), dtype=f"{acc}x{n}")
     else:
         @T.prim_func(s_tir=True)
         def impl(A: T.Buffer((k,), "int16", offset_factor=1),
