@@ -18,7 +18,8 @@ from conftest import cross_cpu_machines
 
 # Mnemonics the primitives' instruction kinds must become, per architecture and dtype.
 ASM = {("x86_64", "float32"): "vfmadd", ("aarch64", "float32"): "fmla",
-       ("x86_64", "int8"): ("vpmaddwd", "vpdpbusd"), ("aarch64", "int8"): ("smmla", "sdot", "smlal")}
+       ("x86_64", "int8"): ("vpmaddwd", "vpdpbusd"),
+       ("aarch64", "int8"): ("smmla", "sdot", "smlal")}
 
 
 def test_detect_picks_a_runnable_machine_with_the_hosts_cores():

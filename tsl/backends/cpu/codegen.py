@@ -134,16 +134,14 @@ def bfloat_operands(ex, intrinsics):
                 continue
             args = []
             for arg in m.group(1).split(", "):
-                a = re.fullmatch(r"<(\d+) x i16> (%[\w.]+)", arg)
-                if a and line.lstrip().startswith("declare"):
+                a = re.fullmatch(r"<(\d+) x i16>( %[\w.]+)?", arg)
+                if a:
                     arg = f"<{a.group(1)} x bfloat>"
-                elif a:
-                    n += 1
-                    out.append(f"  %tsl.bf{n} = bitcast <{a.group(1)} x i16> {a.group(2)} to "
-                               f"<{a.group(1)} x bfloat>")
-                    arg = f"<{a.group(1)} x bfloat> %tsl.bf{n}"
-                elif line.lstrip().startswith("declare") and arg.endswith("x i16>"):
-                    arg = arg.replace("x i16>", "x bfloat>")
+                    if a.group(2):  # an operand of a call (not a declaration): bitcast it
+                        n += 1
+                        out.append(f"  %tsl.bf{n} = bitcast <{a.group(1)} x i16>{a.group(2)} "
+                                   f"to {arg}")
+                        arg += f" %tsl.bf{n}"
                 args.append(arg)
             line = line[:m.start()] + f"@{full}({', '.join(args)})" + line[m.end():]
         out.append(line)
