@@ -178,19 +178,17 @@ def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
 
 
 def _mmla(intrinsic: str):
-    """(desc, impl) of C[2, 2] += A[2, 8] * B[2, 8]^T: one 2x2 block of the accumulator tile
-    (compact: `CPULowering.cache` stores the tile in such blocks; another layout fails to
-    match here rather than being read wrong), and A's two rows and B's two columns of 8 int8,
-    each row contiguous, rows at any distance (NHWC pixels are a row of channels apart):
-    each operand register is two 8-byte loads, one 16-byte load where LLVM sees them
-    adjacent."""
+    """(desc, impl) of C[2, 2] += A[2, 8] * B[2, 8]^T: one 2x2 block of the accumulator tile,
+    A's two rows and B's two columns of 8 int8, each operand 16 contiguous bytes (one load).
+    `CPULowering` lays them out so (the tile in 2x2 blocks, A and B packed in blocks of 8 k);
+    the impl's strides are explicit so that any other layout fails to lower instead of being
+    read wrong."""
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (2, 8), "int8", offset_factor=1)
-        B = T.match_buffer(b, (2, 8), "int8", offset_factor=1)
-        C = T.match_buffer(c, (2, 2), "int32", offset_factor=1)
+    def desc(A: T.Buffer((2, 8), "int8", offset_factor=1),
+             B: T.Buffer((2, 8), "int8", offset_factor=1),
+             C: T.Buffer((2, 2), "int32", offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
             T.writes(C[0:2, 0:2])
@@ -200,21 +198,15 @@ def _mmla(intrinsic: str):
                     C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], "int32") * T.cast(B[vj, vk], "int32")
 
     @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa = T.int32()
-        sb = T.int32()
-        A = T.match_buffer(a, (2, 8), "int8", strides=[sa, 1], offset_factor=1)
-        B = T.match_buffer(b, (2, 8), "int8", strides=[sb, 1], offset_factor=1)
-        C = T.match_buffer(c, (2, 2), "int32", strides=[2, 1], offset_factor=1)
+    def impl(A: T.Buffer((2, 8), "int8", strides=(8, 1), offset_factor=1),
+             B: T.Buffer((2, 8), "int8", strides=(8, 1), offset_factor=1),
+             C: T.Buffer((2, 2), "int32", strides=(2, 1), offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
             T.writes(C[0:2, 0:2])
             C[0, T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id(intrinsic), C.vload([0, 0], dtype="int32x4"),
-                T.Shuffle([A.vload([0, 0], dtype="int8x8"), A.vload([1, 0], dtype="int8x8")],
-                          list(range(16))),
-                T.Shuffle([B.vload([0, 0], dtype="int8x8"), B.vload([1, 0], dtype="int8x8")],
-                          list(range(16))),
+                A.vload([0, 0], dtype="int8x16"), B.vload([0, 0], dtype="int8x16"),
                 dtype="int32x4")
 
     return desc, impl

@@ -64,10 +64,14 @@ class CPULowering(Lowering):
         if op.name == "conv2d":
             nchw = op.params["layout"] == "NCHW"
             if operand == "A":
-                if p.k == 1 or not nchw:
-                    return None
-                # N, C, H, W -> N, C/k, H, W, k: the primitive reads k contiguous channels.
-                return Blocked({1: p.k}, ((0, "o"), (1, "o"), (2, "o"), (3, "o"), (1, "i")))
+                if nchw and p.k > 1:
+                    # N, C, H, W -> N, C/k, H, W, k: the primitive reads k contiguous channels.
+                    return Blocked({1: p.k}, ((0, "o"), (1, "o"), (2, "o"), (3, "o"), (1, "i")))
+                if not nchw and p.m > 1:
+                    # N, H, W, C -> N, H, C/k, W, k: the m pixels x k channels the primitive
+                    # reads are contiguous too (NHWC's k channels already are, its pixels not).
+                    return Blocked({3: p.k}, ((0, "o"), (1, "o"), (3, "o"), (2, "o"), (3, "i")))
+                return None
             kd, cd = (0, 1) if nchw else (3, 2)
             spatial = (2, 3) if nchw else (0, 1)
             blocks = {kd: p.n} | ({cd: p.k} if p.k > 1 else {})
@@ -124,8 +128,7 @@ class CPULowering(Lowering):
             pos = self._read_index(ctx, idx)
         stage = sch.get_sblock(sch.get(blk).reads[pos].source.name)
         shape = [int(d) for d in sch.get(blk).reads[pos].source.shape]
-        # NCHW is stored (N, C/k, H, W, k) by `layout`, NHWC as it is.
-        wd = 3 if op.params["layout"] == "NCHW" else 2
+        wd = 3  # `layout` stores both NCHW and NHWC as (N, C/k, H, W, k) or (N, H, C/k, W, k)
         sch.transform_layout(
             blk, ("read", pos),
             IndexMap.from_func(lambda *ix: (*ix[:wd], ix[wd] % st, ix[wd] // st, *ix[wd + 1:]),
