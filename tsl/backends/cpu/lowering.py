@@ -113,7 +113,7 @@ class CPULowering(Lowering):
         columns are stored split by phase, w -> (w % stride, w // stride), so that the m
         pixels of a row block, input columns q * stride + s for consecutive q, are
         consecutive at every kernel offset s (the Tensor Core back end does the same). The
-        packing stage writes that layout; a width that the stride does not divide is padded
+        packing stage (`layout`) writes that layout; a width that the stride does not divide is padded
         with zeros that no output reads. Returns the stage, or None where nothing changes."""
         from tvm.tirx import IndexMap, const
 
@@ -124,8 +124,7 @@ class CPULowering(Lowering):
         idx = ctx.input_index("A")
         pos = self._read_index(ctx, idx)
         if sch.get(blk).reads[pos].source.name == op.inputs[idx].name:
-            sch.cache_read(blk, pos, "global")  # the user's array keeps its layout
-            pos = self._read_index(ctx, idx)
+            return None  # A not packed (a schedule without pack("A")): smmla cannot read it
         stage = sch.get_sblock(sch.get(blk).reads[pos].source.name)
         shape = [int(d) for d in sch.get(blk).reads[pos].source.shape]
         wd = 3  # `layout` stores both NCHW and NHWC as (N, C/k, H, W, k) or (N, H, C/k, W, k)
