@@ -18,7 +18,8 @@ from conftest import cross_cpu_machines
 
 # Mnemonics the primitives' instruction kinds must become, per architecture and dtype.
 ASM = {("x86_64", "float32"): "vfmadd", ("aarch64", "float32"): "fmla",
-       ("x86_64", "int8"): ("vpmaddwd", "vpdpbusd"), ("aarch64", "int8"): ("sdot", "smlal")}
+       ("x86_64", "int8"): ("vpmaddwd", "vpdpbusd"),
+       ("aarch64", "int8"): ("smmla", "sdot", "smlal")}
 
 
 def test_detect_picks_a_runnable_machine_with_the_hosts_cores():
@@ -101,16 +102,64 @@ def test_aarch64_code_runs_right_under_qemu(name):
         assert ok, f"{name} {op}: error {err}"
 
 
-def test_qemu_traps_an_instruction_the_cpu_model_lacks():
-    """The emulated check is real: sdot code on a QEMU CPU without dotprod stops with SIGILL."""
+def test_i8mm_keeps_2x2_blocks_exact_on_ragged_edges_under_qemu():
+    """smmla's 2x2 int32 blocks with odd M and N (ragged blocks), the epilogue reading the
+    blocks back, and conv2d's pairs of output pixels in both layouts, stride 2 (data split by
+    column phase) and a width the stride does not divide, against NumPy on full-range int8."""
+    if host.info().arch == "aarch64":
+        pytest.skip("this host runs AArch64 natively: test_cpu.py runs these machines")
+    _emulatable("aarch64-neon-i8mm")
+    cases = [ops.dense(37, 50, 64, dtype="int8", epilogue=ops.bias() + ops.relu()),
+             ops.batch_matmul(2, 19, 21, 40, dtype="int8"),
+             ops.conv2d(1, 16, 9, 9, 10, 3, 3, stride=2, padding=1, dtype="int8"),
+             ops.conv2d(1, 16, 9, 9, 10, 3, 3, padding=1, dtype="int8", layout="NHWC")]
+    for op in cases:
+        art = tsl.build(op, "aarch64-neon-i8mm", cross=True)
+        assert art.schedule.primitive.instruction == "mmla"
+        assert "smmla" in art.source("asm"), op
+        ok, err = art.emulate().verify(seed=5)
+        assert ok, f"{op}: error {err}"
+
+
+def test_bfdot_under_qemu_matches_numpy_on_bf16_inputs():
+    """bf16 through bfdot (the LLVM IR's i16 operands given to the bfloat overload,
+    `codegen.bfloat_operands`), A packed inside the kernel and B by the artifact, off-tile,
+    against NumPy's reference of the bf16 inputs."""
+    if host.info().arch == "aarch64":
+        pytest.skip("this host runs AArch64 natively: test_cpu.py runs these machines")
+    _emulatable("aarch64-neon-i8mm")
+    for op in [ops.dense(37, 50, 64, dtype="bfloat16", epilogue=ops.bias() + ops.relu()),
+               ops.conv2d(1, 16, 9, 9, 10, 3, 3, stride=2, padding=1, dtype="bfloat16")]:
+        art = tsl.build(op, "aarch64-neon-i8mm", cross=True)
+        assert art.schedule.primitive.instruction == "dot2"
+        assert "bfdot\tv" in art.source("asm"), op
+        ok, err = art.emulate().verify(seed=5)
+        assert ok and err < 1e-5, f"{op}: error {err}"
+
+
+@pytest.mark.parametrize("name, cpu, dtype", [("aarch64-neon-dotprod", "cortex-a72", "int8"),
+                                              ("aarch64-neon-i8mm", "neoverse-n1", "int8"),
+                                              ("aarch64-neon-i8mm", "neoverse-n1", "bfloat16")])
+def test_qemu_traps_an_instruction_the_cpu_model_lacks(name, cpu, dtype):
+    """The emulated check is real: sdot code on a QEMU CPU without dotprod, smmla and bfdot
+    code on one without i8mm and BF16, stop with SIGILL."""
     if host.info().arch == "aarch64":
         pytest.skip("this host runs AArch64 natively")
-    _emulatable("aarch64-neon-dotprod")
-    m = tsl.load_machine("aarch64-neon-dotprod")
-    plain = dataclasses.replace(m, params={**m.params, "qemu_cpu": "cortex-a72"})
-    art = tsl.build(ops.matmul(16, 16, 16, dtype="int8"), plain, cross=True).emulate()
+    _emulatable(name)
+    m = tsl.load_machine(name)
+    plain = dataclasses.replace(m, params={**m.params, "qemu_cpu": cpu})
+    art = tsl.build(ops.matmul(16, 16, 16, dtype=dtype), plain, cross=True).emulate()
     with pytest.raises(tsl.LoweringError, match="Illegal instruction"):
         art.verify()
+
+
+@pytest.mark.parametrize("features, want", [
+    ({"neon"}, "aarch64-neon"), ({"neon", "dotprod"}, "aarch64-neon-dotprod"),
+    ({"neon", "dotprod", "bf16"}, "aarch64-neon-dotprod"),
+    ({"neon", "dotprod", "i8mm", "bf16"}, "aarch64-neon-i8mm")])
+def test_an_aarch64_host_gets_the_file_of_its_extensions(features, want):
+    h = host.HostCPU("aarch64", "test", "neoverse-n2", frozenset(features), 4, ())
+    assert host.runnable(h)[0].name == want
 
 
 def test_detect_cli():

@@ -29,7 +29,7 @@ def _step(p: TensorPrimitive, vec: str):
     from tvm import tirx
     from tvm.script import tirx as T
 
-    n, kind = p.n, p.instruction or "vector"
+    n, kind = p.m * p.n, p.instruction or "vector"
 
     def call(*args):
         return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(p.intrinsic), *args,
@@ -38,9 +38,12 @@ def _step(p: TensorPrimitive, vec: str):
     def as_(e, dtype):
         return tirx.call_intrin(dtype, "tirx.reinterpret", e)
 
-    if kind == "dot4":
+    if kind in ("dot4", "mmla"):  # (acc, a, b): sdot/vpdpbusd; smmla's 2x2 block in 4 lanes
         return lambda a, x: call(a, as_(x.vload([0], vec), f"int8x{4 * n}"),
                                  as_(x.vload([n], vec), f"int8x{4 * n}"))
+    if kind == "dot2":  # bfdot: the bf16 pairs are int16 vectors to TVM (see cpu.codegen)
+        return lambda a, x: call(a, as_(x.vload([0], vec), f"int16x{2 * n}"),
+                                 as_(x.vload([n], vec), f"int16x{2 * n}"))
     if kind == "madd2":
         # The chain's own sum is the next int16 multiplicand: the micro-kernel's multiply-add
         # pair (vpmaddwd + vpaddd), and nothing loop-invariant to hoist.
@@ -58,7 +61,7 @@ def _kernel(p: TensorPrimitive, chains: int):
     """A PrimFunc(x, out, iters) that runs `chains` independent chains of p's instruction."""
     from tvm.script import tirx as T
 
-    n = p.n
+    n = p.m * p.n  # accumulator lanes of one instruction
     acc_t = "float32" if p.acc_dtype.startswith("float") or p.acc_dtype == "bfloat16" else "int32"
     vec = f"{acc_t}x{n}"
     size = chains * n
@@ -84,13 +87,18 @@ def primitive_rate(m: Machine, p: TensorPrimitive, seconds: float = 0.2,
     import tvm
 
     acc = next(lv for lv in m.memory if lv.name == p.c_level)
-    chains = max(4, min(24, acc.capacity // int(p.n * dtype_bytes(p.acc_dtype))))
+    lanes = p.m * p.n
+    chains = max(4, min(24, acc.capacity // int(lanes * dtype_bytes(p.acc_dtype))))
     f, acc_t = _kernel(p, chains)
     ex = tvm.compile(tvm.IRModule({"main": f}),
                      target=tvm.target.Target({"kind": "llvm", "mcpu": host.info().llvm_cpu}))
+    if p.instruction == "dot2":
+        from ..backends.cpu.codegen import bfloat_operands
+
+        ex = bfloat_operands(ex, [p.intrinsic])
     dev = tvm.cpu(0)
-    x = tvm.runtime.tensor(np.full(2 * p.n, 1 if acc_t == "int32" else 0.5, acc_t), dev)
-    out = tvm.runtime.empty((chains * p.n,), acc_t, dev)
+    x = tvm.runtime.tensor(np.full(2 * lanes, 1 if acc_t == "int32" else 0.5, acc_t), dev)
+    out = tvm.runtime.empty((chains * lanes,), acc_t, dev)
     fn = ex.jit()["main"]
     iters = 1 << 12
     while True:  # grow the loop until one call takes a measurable time
@@ -100,7 +108,7 @@ def primitive_rate(m: Machine, p: TensorPrimitive, seconds: float = 0.2,
             break
         iters *= 4
     best = min(_timed(fn, x, out, iters) for _ in range(repeats))
-    return chains * p.n * p.k * iters / best
+    return chains * lanes * p.k * iters / best
 
 
 def _timed(fn, x, out, iters) -> float:

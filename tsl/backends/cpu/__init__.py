@@ -1,5 +1,6 @@
 """The CPU back end: LLVM for the host CPU (x86 AVX2 / AVX-512, AArch64 NEON), micro-kernels of
-the instruction kinds its machine file names (vector FMA, 4-way int8 dot, 16-bit pair madd)."""
+the instruction kinds its machine file names (vector FMA, 4-way int8 dot, 16-bit pair madd,
+2x2x8 int8 matrix multiply, bf16 pair dot)."""
 
 from __future__ import annotations
 

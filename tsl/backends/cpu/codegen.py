@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 from ...errors import BackendUnavailable, LoweringError
@@ -92,10 +93,61 @@ def compile_module(mod, machine, cross: bool = False):
 
     tgt = target(machine, cross)
     _register_pipeline()
+    bfloat = [p.intrinsic for p in machine.primitives if BFLOAT_OVERLOAD.search(p.intrinsic)]
     try:
-        return tvm.compile(mod, target=tgt, tir_pipeline=PIPELINE)
+        ex = tvm.compile(mod, target=tgt, tir_pipeline=PIPELINE)
+        return bfloat_operands(ex, bfloat) if bfloat else ex
     except Exception as e:  # noqa: BLE001 - TVM's error classes vary by pass
         from ...lower import _first_line
 
         raise LoweringError(f"LLVM code generation for {machine.name} failed: "
                             f"{_first_line(e)}") from e
+
+
+# An LLVM intrinsic name overloaded on a bfloat vector (".v8bf16"), and its overload suffix.
+BFLOAT_OVERLOAD = re.compile(r"\.v\d+bf16(\.|$)")
+OVERLOAD_SUFFIX = re.compile(r"(\.v\d+[a-z]+\d+)+$")
+
+
+def bfloat_operands(ex, intrinsics):
+    """`ex` with each call of an intrinsic the machine file names by its bfloat overload
+    (``llvm.aarch64.neon.bfdot.v4f32.v8bf16``) calling that overload, its i16 vector operands
+    bitcast to bfloat vectors of the same width (free: the same register).
+
+    TVM's LLVM code generator has no bfloat type: its BF16 legalization turns bf16 vectors into
+    fp32 ones (LLVM cannot split a v8f32 bfdot operand) and bf16 storage into uint16, and with
+    those passes disabled it crashes on any bf16 value. So the kernel passes the bf16 bits as
+    i16 vectors (`intrinsics.register`), which selects the i16 overload that LLVM cannot
+    select, and this rewrites the module's LLVM IR and loads it back."""
+    import tempfile
+
+    import tvm
+    import tvm_ffi
+
+    ll = ex.mod.inspect_source("ll")
+    out, n = [], 0
+    for line in ll.splitlines():
+        for full in intrinsics:
+            base = OVERLOAD_SUFFIX.sub("", full)
+            m = re.search(rf"@{re.escape(base)}\.[\w.]+\(([^()]*)\)", line)
+            if m is None:
+                continue
+            args = []
+            for arg in m.group(1).split(", "):
+                a = re.fullmatch(r"<(\d+) x i16>( %[\w.]+)?", arg)
+                if a:
+                    arg = f"<{a.group(1)} x bfloat>"
+                    if a.group(2):  # an operand of a call (not a declaration): bitcast it
+                        n += 1
+                        out.append(f"  %tsl.bf{n} = bitcast <{a.group(1)} x i16>{a.group(2)} "
+                                   f"to {arg}")
+                        arg += f" %tsl.bf{n}"
+                args.append(arg)
+            line = line[:m.start()] + f"@{full}({', '.join(args)})" + line[m.end():]
+        out.append(line)
+    with tempfile.TemporaryDirectory(prefix="tsl-ll-") as d:
+        path = f"{d}/kernel.ll"
+        with open(path, "w") as f:
+            f.write("\n".join(out) + "\n")
+        return tvm.runtime.Executable(tvm_ffi.get_global_func("ffi.Module.load_from_file.ll")(
+            path, "ll"))

@@ -16,6 +16,15 @@ intrinsic of a known kind is one more TOML file.
   reads both operands as int16: weights are widened by the artifact with the packing, A by the
   kernel's packing stage, so that the inner loop is one broadcast load, one multiply-add with a
   memory operand and one add per accumulator register.
+* ``dot2``    C[n] (float32) += sum of 2 bf16 products per lane: AArch64 ``bfdot`` (BF16). The
+  intrinsic takes (acc <n x float>, a <2n x bfloat>, b <2n x bfloat>); k = 2. Arm's BFDOT
+  does not round like IEEE fp32 FMAs (round-to-odd intermediate, denormals flushed), so results
+  differ from an fp32 reference of the bf16 inputs in the last bits.
+* ``mmla``    C[2, 2] (int32) += A[2, 8] * B[8, 2] in one 128-bit register: AArch64 ``smmla``
+  (i8mm). A holds two rows of 8 int8 (the activations' pairs of rows, or of output pixels), B
+  two columns of 8, C the 2x2 block row-major; the intrinsic takes (acc <4 x i32>,
+  a <16 x i8>, b <16 x i8>). m = n = 2, k = 8. The accumulator tile is kept in 2x2 blocks
+  (`CPULowering.cache`), so that each block is one register.
 
 Written here rather than imported from `tvm.s_tir.tensor_intrin.x86`: importing that package
 loads every back end's intrinsics (about 18 s), and its `dot_16x4_vnni` fails LLVM 22's verifier.
@@ -23,13 +32,23 @@ loads every back end's intrinsics (about 18 s), and its `dot_16x4_vnni` fails LL
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 from ...errors import TAMError
 
-# kind -> (k the kind reduces per lane, whether it calls an intrinsic)
-KINDS = {"vector": (1, False), "dot4": (4, True), "madd2": (2, True)}
-INT_KINDS = ("dot4", "madd2")
+
+@dataclass(frozen=True)
+class Kind:
+    m: int  # rows of A one instruction reads
+    k: int  # products summed into each accumulator lane
+    intrinsic: bool  # whether it calls an LLVM intrinsic the machine file names
+    n: int | None = None  # columns of one instruction, where fixed (else the primitive's lanes)
+
+
+KINDS = {"vector": Kind(1, 1, False), "dot4": Kind(1, 4, True), "madd2": Kind(1, 2, True),
+         "mmla": Kind(2, 8, True, n=2), "dot2": Kind(1, 2, True)}
+INT_KINDS = ("dot4", "madd2", "mmla")
 
 
 def check(machine, p) -> str:
@@ -39,20 +58,24 @@ def check(machine, p) -> str:
     if kind not in KINDS:
         raise TAMError(f"{where} key 'instruction': the CPU back end knows instruction kinds "
                        f"{sorted(KINDS)}, not {kind!r}")
-    k, needs_intrinsic = KINDS[kind]
-    if p.m != 1 or p.k != k:
-        raise TAMError(f"{where}: instruction {kind!r} works on m = 1 and k = {k}; the "
-                       f"primitive says m = {p.m}, k = {p.k}")
-    if needs_intrinsic and not p.intrinsic:
+    kd = KINDS[kind]
+    if p.m != kd.m or p.k != kd.k or (kd.n is not None and p.n != kd.n):
+        n = "" if kd.n is None else f", n = {kd.n}"
+        raise TAMError(f"{where}: instruction {kind!r} works on m = {kd.m}{n} and k = {kd.k}; "
+                       f"the primitive says m = {p.m}, n = {p.n}, k = {p.k}")
+    if kd.intrinsic and not p.intrinsic:
         raise TAMError(f"{where} key 'intrinsic': instruction {kind!r} needs the LLVM intrinsic "
                        f"it calls (e.g. llvm.x86.avx512.vpdpbusd.512)")
+    if kind == "dot2" and (p.a_dtype, p.b_dtype, p.acc_dtype) != ("bfloat16",) * 2 + ("float32",):
+        raise TAMError(f"{where}: instruction 'dot2' takes bfloat16 x bfloat16 -> float32, not "
+                       f"{p.a_dtype} x {p.b_dtype} -> {p.acc_dtype}")
     if kind in INT_KINDS and (p.acc_dtype != "int32" or p.b_dtype != "int8"
                               or p.a_dtype not in ("int8", "uint8")):
         raise TAMError(f"{where}: instruction {kind!r} takes int8/uint8 x int8 -> int32, not "
                        f"{p.a_dtype} x {p.b_dtype} -> {p.acc_dtype}")
-    if kind == "madd2" and p.a_dtype != "int8":
-        raise TAMError(f"{where} key 'a_dtype': instruction 'madd2' sign-extends both operands; "
-                       f"A must be int8, not {p.a_dtype}")
+    if kind in ("madd2", "mmla") and p.a_dtype != "int8":
+        raise TAMError(f"{where} key 'a_dtype': instruction {kind!r} takes both operands "
+                       f"signed; A must be int8, not {p.a_dtype}")
     return kind
 
 
@@ -78,17 +101,37 @@ def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
     from tvm import s_tir
     from tvm.script import tirx as T
 
-    k = KINDS[kind][0]
+    k = KINDS[kind].k
     name = f"tsl_cpu_{kind}_{n}x{k}_{a_dtype}_{intrinsic}"
+    if kind == "mmla":
+        s_tir.TensorIntrin.register(name, *_mmla(intrinsic), override=True)
+        return name
     if kind == "madd2":
         a_dtype = b_dtype = "int16"
+    elif kind == "dot2":
+        b_dtype = "bfloat16"
     else:
         b_dtype = "int8"
+    acc = "float32" if kind == "dot2" else "int32"
+    # dot4 and dot2 call (acc, A's k elements broadcast to every lane, B): their operand
+    # vectors are int8 (sdot, vpdpbusd) or, for bf16, int16 vectors of the bf16 bits (TVM's
+    # LLVM code generator has no bfloat type: `codegen` gives LLVM the bfloat overload).
+    lane = "int16" if kind == "dot2" else "int8"
+
+    def bits(x, w):
+        """x's elements as `lane` bits. bf16 goes through fp32, exactly: BF16 legalization
+        stores bf16 buffers allocated in the kernel (A's packing stage) as fp32, whose top
+        16 bits are the bf16 value; LLVM folds the round trip for bf16 storage."""
+        if kind == "dot4":
+            return x
+        return T.reinterpret(T.Cast(f"uint16x{w}", T.shift_right(
+            T.reinterpret(T.Cast(f"float32x{w}", x), dtype=f"uint32x{w}"),
+            T.Broadcast(T.uint32(16), w))), dtype=f"int16x{w}")
 
     @T.prim_func(s_tir=True)
     def desc(A: T.Buffer((k,), a_dtype, offset_factor=1),
              B: T.Buffer((n, k), b_dtype, offset_factor=1),
-             C: T.Buffer((n,), "int32", offset_factor=1)) -> None:
+             C: T.Buffer((n,), acc, offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(C[0:n], A[0:k], B[0:n, 0:k])
             T.writes(C[0:n])
@@ -96,24 +139,24 @@ def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
                 for kk in T.serial(0, k):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, kk])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+                        C[vi] = C[vi] + T.cast(A[vk], acc) * T.cast(B[vi, vk], acc)
 
     # Each impl is one expression: named temporaries would become buffers written every call.
-    if kind == "dot4":
+    if kind in ("dot4", "dot2"):
         @T.prim_func(s_tir=True)
         def impl(A: T.Buffer((k,), a_dtype, offset_factor=1),
-                 B: T.Buffer((n, k), "int8", offset_factor=1),
-                 C: T.Buffer((n,), "int32", offset_factor=1)) -> None:
+                 B: T.Buffer((n, k), b_dtype, offset_factor=1),
+                 C: T.Buffer((n,), acc, offset_factor=1)) -> None:
             with T.sblock("root"):
                 T.reads(C[0:n], A[0:k], B[0:n, 0:k])
                 T.writes(C[0:n])
                 C[T.ramp(T.int32(0), 1, n)] = T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(intrinsic),
-                    C.vload([0], dtype=f"int32x{n}"),
-                    T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"),
+                    C.vload([0], dtype=f"{acc}x{n}"),
+                    T.reinterpret(T.broadcast(T.reinterpret(bits(A.vload([0], f"{a_dtype}x{k}"), k),
                                                             dtype="int32"), n),
-                                  dtype=f"int8x{4 * n}"),
-                    B.vload([0, 0], dtype=f"int8x{4 * n}"), dtype=f"int32x{n}")
+                                  dtype=f"{lane}x{k * n}"),
+                    bits(B.vload([0, 0], dtype=f"{b_dtype}x{k * n}"), k * n), dtype=f"{acc}x{n}")
     else:
         @T.prim_func(s_tir=True)
         def impl(A: T.Buffer((k,), "int16", offset_factor=1),
@@ -132,3 +175,38 @@ def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
 
     s_tir.TensorIntrin.register(name, desc, impl, override=True)
     return name
+
+
+def _mmla(intrinsic: str):
+    """(desc, impl) of C[2, 2] += A[2, 8] * B[2, 8]^T: one 2x2 block of the accumulator tile,
+    A's two rows and B's two columns of 8 int8, each operand 16 contiguous bytes (one load).
+    `CPULowering` lays them out so (the tile in 2x2 blocks, A and B packed in blocks of 8 k);
+    the impl's strides are explicit so that any other layout fails to lower instead of being
+    read wrong."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(A: T.Buffer((2, 8), "int8", offset_factor=1),
+             B: T.Buffer((2, 8), "int8", offset_factor=1),
+             C: T.Buffer((2, 2), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
+            T.writes(C[0:2, 0:2])
+            for i, j, kk in T.grid(2, 2, 8):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
+                    C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], "int32") * T.cast(B[vj, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(A: T.Buffer((2, 8), "int8", strides=(8, 1), offset_factor=1),
+             B: T.Buffer((2, 8), "int8", strides=(8, 1), offset_factor=1),
+             C: T.Buffer((2, 2), "int32", strides=(2, 1), offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
+            T.writes(C[0:2, 0:2])
+            C[0, T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(intrinsic), C.vload([0, 0], dtype="int32x4"),
+                A.vload([0, 0], dtype="int8x16"), B.vload([0, 0], dtype="int8x16"),
+                dtype="int32x4")
+
+    return desc, impl

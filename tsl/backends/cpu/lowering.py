@@ -9,6 +9,41 @@ from ...primitives.schedule import Loop
 from . import intrinsics
 
 
+def _accumulator_blocks(op, p):
+    """The index map that keeps the register tile in the primitive's output blocks, or None
+    where the operator's own layout already does. Channels go innermost in NCHW (NCHWc) so
+    that the primitive's n lanes are contiguous; a primitive of m > 1 rows (smmla's 2x2)
+    gets its m x n block contiguous, rows (output pixels for conv2d) outer. The epilogue
+    writes the blocks back to the operator's layout."""
+    m, n = p.m, p.n
+    if op.name == "conv2d":
+        if op.params["layout"] == "NCHW":
+            if m == 1:
+                return lambda b, k, h, w: (b, k // n, h, w, k % n)
+            return lambda b, k, h, w: (b, k // n, h, w // m, w % m, k % n)
+        if m == 1:
+            return None
+        return lambda b, h, w, k: (b, h, w // m, k // n, w % m, k % n)
+    if m == 1:
+        return None
+    return lambda *ix: (*ix[:-2], ix[-2] // m, ix[-1] // n, ix[-2] % m, ix[-1] % n)
+
+
+def _rows_before_columns(ctx: LowerContext, prim_loops) -> None:
+    """A primitive of m > 1 rows is described over (rows, columns, reduction) block
+    iterators in that order; NCHW conv2d's block iterates output channels (columns) before
+    output pixels (rows), so its iterators are reordered (the loops stay as they are)."""
+    s = ctx.tsl
+    names = [a.name for a in ctx.op.axes]
+    row = names.index(next(lp for lp in prim_loops if s.role_of(lp.axes[0]) == "m").axes[0])
+    col = names.index(next(lp for lp in prim_loops if s.role_of(lp.axes[0]) == "n").axes[0])
+    if row > col:
+        order = list(range(len(names)))
+        order.remove(row)
+        order.insert(col, row)
+        ctx.sch.reorder_block_iter_var(ctx.block, order)
+
+
 class CPULowering(Lowering):
     def __init__(self, machine, primitive):
         super().__init__(machine)
@@ -29,10 +64,14 @@ class CPULowering(Lowering):
         if op.name == "conv2d":
             nchw = op.params["layout"] == "NCHW"
             if operand == "A":
-                if p.k == 1 or not nchw:
-                    return None
-                # N, C, H, W -> N, C/k, H, W, k: the primitive reads k contiguous channels.
-                return Blocked({1: p.k}, ((0, "o"), (1, "o"), (2, "o"), (3, "o"), (1, "i")))
+                if nchw and p.k > 1:
+                    # N, C, H, W -> N, C/k, H, W, k: the primitive reads k contiguous channels.
+                    return Blocked({1: p.k}, ((0, "o"), (1, "o"), (2, "o"), (3, "o"), (1, "i")))
+                if not nchw and p.m > 1:
+                    # N, H, W, C -> N, H, C/k, W, k: the m pixels x k channels the primitive
+                    # reads are contiguous too (NHWC's k channels already are, its pixels not).
+                    return Blocked({3: p.k}, ((0, "o"), (1, "o"), (3, "o"), (2, "o"), (3, "i")))
+                return None
             kd, cd = (0, 1) if nchw else (3, 2)
             spatial = (2, 3) if nchw else (0, 1)
             blocks = {kd: p.n} | ({cd: p.k} if p.k > 1 else {})
@@ -61,11 +100,40 @@ class CPULowering(Lowering):
     def cache(self, ctx: LowerContext, stage) -> None:
         super().cache(ctx, stage)
         op, p = ctx.op, self.primitive
-        if stage.operand == "C" and op.name == "conv2d" and op.params["layout"] == "NCHW":
-            # The register tile keeps channels innermost (NCHWc) so that the primitive's n
-            # lanes are contiguous; the epilogue writes them back to NCHW.
-            ctx.sch.transform_layout(ctx.block, ("write", 0),
-                                     lambda n, k, h, w: (n, k // p.n, h, w, k % p.n))
+        if stage.operand == "A" and "A_phases" not in ctx.blocks:
+            ctx.blocks["A_phases"] = self._split_phases(ctx)
+        if stage.operand != "C":
+            return
+        blocks = _accumulator_blocks(op, p)
+        if blocks is not None:
+            ctx.sch.transform_layout(ctx.block, ("write", 0), blocks)
+
+    def _split_phases(self, ctx: LowerContext):
+        """conv2d with stride > 1 on a primitive of m > 1 rows (output pixels): the data's
+        columns are stored split by phase, w -> (w % stride, w // stride), so that the m
+        pixels of a row block, input columns q * stride + s for consecutive q, are
+        consecutive at every kernel offset s (the Tensor Core back end does the same). The
+        packing stage (`layout`) writes that layout; a width that the stride does not divide is padded
+        with zeros that no output reads. Returns the stage, or None where nothing changes."""
+        from tvm.tirx import IndexMap, const
+
+        op, p, sch, blk = ctx.op, self.primitive, ctx.sch, ctx.block
+        st = int(op.params.get("stride", 1)) if op.name == "conv2d" else 1
+        if p is None or p.m == 1 or st == 1:
+            return None
+        idx = ctx.input_index("A")
+        pos = self._read_index(ctx, idx)
+        if sch.get(blk).reads[pos].source.name == op.inputs[idx].name:
+            return None  # A not packed (a schedule without pack("A")): smmla cannot read it
+        stage = sch.get_sblock(sch.get(blk).reads[pos].source.name)
+        shape = [int(d) for d in sch.get(blk).reads[pos].source.shape]
+        wd = 3  # `layout` stores both NCHW and NHWC as (N, C/k, H, W, k) or (N, H, C/k, W, k)
+        sch.transform_layout(
+            blk, ("read", pos),
+            IndexMap.from_func(lambda *ix: (*ix[:wd], ix[wd] % st, ix[wd] // st, *ix[wd + 1:]),
+                               ndim=len(shape), index_dtype="int32"),
+            pad_value=None if shape[wd] % st == 0 else const(0, op.input("A").dtype))
+        return stage
 
     def tensorize(self, ctx: LowerContext, loop: Loop, prim) -> None:
         """Unroll the register tile, map the primitive (a TensorIntrin, or the n-loop vectorized
@@ -91,6 +159,8 @@ class CPULowering(Lowering):
             sch.vectorize(ctx.rv(n_loop))
             ctx.blocks["C_init"] = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
             return
+        if self.primitive.m > 1:
+            _rows_before_columns(ctx, order[t:])
         ctx.blocks["C_init"] = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
         sch.tensorize(ctx.rv(inner[0]), self.how)
 
