@@ -215,3 +215,26 @@ def test_rpc_tracker_survives_a_killed_server(tmp_path):
     assert lost and all("lost while measuring" in r.error for r in lost)
     assert len({r.device for r in recs if r.ok}) == 2
     assert res.seconds <= res.default_seconds
+
+
+def twin(s):
+    e = tsl.model.evaluate(s)
+    return tune.search.twin_key(e.seconds, tune.search.program_features(s, e))
+
+
+def test_twins_are_deferred_behind_distinct_candidates():
+    # Knob settings the analytic model and the program features cannot tell apart (a knob that
+    # changes nothing, such as a tile that covers the whole extent either way) are one program:
+    # the run measures one of them while distinct candidates remain.
+    op, fn, m = vta_op(96), tsl.default_schedule("dense"), resolve_target("vta")[1]
+    pool = tune.candidates(op, m, fn, limit=40, seed=0)
+    by_time = sorted(pool, key=tune.analytic_seconds)[:8]
+    assert len({twin(s) for s in by_time}) < 8  # the analytic ranking's top has twins
+    runner = Counting()
+    tune.tune(op, "vta", trials=8, batch=4, pool=40, runner=runner, transfer=False)
+    seen = [tune.record(op, m, fn, k) for k in runner.seen]
+    assert len(seen) == 8 and len({twin(s) for s in seen}) == 8
+
+    rank, keys = [0, 1, 2, 3, 4], {0: "a", 1: "a", 2: "b", 3: "b", 4: "c"}
+    assert tune.search.distinct(rank, 3, set(), keys.get) == [0, 2, 4]
+    assert tune.search.distinct(rank, 3, {"a", "c"}, keys.get) == [2, 0, 1]  # twins last

@@ -91,12 +91,19 @@ def record(op, machine, schedule_fn, knobs) -> Schedule | None:
 
 def features(s: Schedule, est=None) -> list[float]:
     """Features of a recorded schedule that do not scale with the operator's size, so that a
-    model trained on one operator of a family ranks another (transfer): the analytic estimate's
-    split of its time (compute and each data path, as shares), the bytes it moves into each
-    level per MAC, its padding waste and balance over cores, and the knobs (log2 of a size, the
-    index of any other choice). `est`: the schedule's `tsl.model.evaluate`, when known."""
-    m = s.machine
+    model trained on one operator of a family ranks another (transfer): `program_features`,
+    then the knobs (log2 of a size, the index of any other choice). `est`: the schedule's
+    `tsl.model.evaluate`, when known."""
     est = est if est is not None else evaluate(s)
+    knob = [_knob_feature(s.space[n], v) for n, v in sorted(s.knob_values.items())]
+    return program_features(s, est) + knob
+
+
+def program_features(s: Schedule, est) -> list[float]:
+    """What the analytic estimate `est` says of the program, size-free: its padding waste,
+    balance over cores and pipelining, the split of its time (compute and each data path, as
+    shares) and the bytes it moves into each level per MAC."""
+    m = s.machine
     t = est.seconds
     macs = s.op.macs
     padded = math.prod(s.padded_extents().values())
@@ -106,9 +113,7 @@ def features(s: Schedule, est=None) -> list[float]:
     shares = [est.compute_seconds / t] + [est.level_seconds.get(lv.name, 0.0) / t
                                           for lv in m.memory]
     per_mac = [math.log2(1 + est.traffic.get(lv.name, 0.0) / max(macs, 1)) for lv in m.memory]
-    knob = [_knob_feature(s.space[n], v) for n, v in sorted(s.knob_values.items())]
-    return ([math.log2(padded / max(macs, 1)), balance, float(est.pipelined)] + shares
-            + per_mac + knob)
+    return [math.log2(padded / max(macs, 1)), balance, float(est.pipelined)] + shares + per_mac
 
 
 def _knob_feature(choices, v) -> float:
@@ -246,12 +251,14 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
             cands.append(s)
         return known[_key(s)]
 
-    ests: dict[int, tuple] = {}  # candidate -> (analytic seconds, features), computed once
+    ests: dict[int, tuple] = {}  # candidate -> (analytic seconds, features, twin key), once
 
     def est(i: int) -> tuple:
         if i not in ests:
             e = evaluate(cands[i])
-            ests[i] = (e.seconds, features(cands[i], e))
+            prog = program_features(cands[i], e)
+            knob = features(cands[i], e)[len(prog):]
+            ests[i] = (e.seconds, prog + knob, twin_key(e.seconds, prog))
         return ests[i]
 
     done: dict[int, float] = {}  # candidate -> seconds (inf: failed)
@@ -305,7 +312,8 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
         scored = model is not None and model.booster is not None
         score = ((model.predict([est(i)[1] for i in todo], [est(i)[0] for i in todo]) if scored
                   else np.log([est(i)[0] for i in todo])) if todo and room else [])
-        ranked = [todo[j] for j in np.argsort(score, kind="stable")[:room]]
+        ranked = distinct([todo[j] for j in np.argsort(score, kind="stable")], room,
+                          {est(i)[2] for i in [*done, *first]}, lambda i: est(i)[2])
         measure((first + ranked)[:trials - len(done)])
         first = []
         n_batch += 1
@@ -337,6 +345,27 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
         result.trace.append(best_so_far)
     result.wall_seconds = time.perf_counter() - t0
     return result
+
+
+def twin_key(seconds: float, prog: list[float]) -> tuple:
+    """What the search knows of a candidate apart from its knob values: the analytic time and
+    `program_features`. Knobs that do not change the program (a parallel loop the back end
+    runs serially, a tile that covers the whole extent either way) give twins."""
+    return (float(f"{seconds:.9g}"), *(float(f"{x:.9g}") for x in prog))
+
+
+def distinct(ranked: list[int], room: int, taken: set, key) -> list[int]:
+    """The first `room` of `ranked` whose `key` is not in `taken` nor picked before them; twins
+    are deferred behind every distinct candidate, not dropped (they come in when nothing
+    distinct is left)."""
+    out, later = [], []
+    for i in ranked:
+        if len(out) == room:
+            break
+        k = key(i)
+        (later if k in taken else out).append(i)
+        taken.add(k)
+    return out + later[:room - len(out)]
 
 
 def _as_record(key: Key, knobs: dict, o: Outcome):
