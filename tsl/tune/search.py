@@ -5,12 +5,17 @@ The first batch is the default knobs (and any `start` configurations), filled up
 ranking; after that each batch comes from a random pool of the space plus the one-knob
 neighbours of the best two so far. Candidates are ranked by the analytic model
 (`tsl.model.evaluate`) until there are 2 x `batch` successful measurements, then by the
-analytic model plus the XGBoost model's prediction of its error, retrained before each batch.
-A model saved beside the database by an earlier run of the same schedule on the same machine
-(another operator of the family: the features are size-free) corrects the ranking from the
-first batch on, and the new run's trees are trained on top of it (transfer). For every batch
-the learned model ranked, the Spearman correlation of its predictions with the measurements
-is kept."""
+analytic model plus the XGBoost model's prediction of its error, retrained on this run's
+measurements before each batch. Knob settings that the analytic model and the program features
+cannot tell apart (twins: a knob that changes nothing) are measured once while distinct
+candidates remain.
+
+Transfer: a model saved beside the database by an earlier run of the same schedule on the same
+machine (another operator of the family: the features are size-free) ranks the batches before
+the run has a model of its own, in place of the analytic model alone; from then on only this
+run's measurements train the model (the earlier operator's errors are not carried along), and
+that model is what the run saves. For every batch a learned model ranked, the Spearman
+correlation of its predictions with the measurements is kept, with which model ranked it."""
 
 from __future__ import annotations
 
@@ -44,9 +49,12 @@ class TuneResult:
     kind: str = "seconds"  # of the measurements: seconds / cycles / model
     resumed: int = 0  # configurations taken from the database, not measured again
     failed: int = 0  # configurations whose build, check or run failed (this run)
-    spearman: list = field(default_factory=list)  # (trials before the batch, rho) per batch
-    predicted: list = field(default_factory=list)  # (model's log seconds, measured seconds)
+    # (trials before the batch, rho, ranker) per batch a learned model ranked; ranker:
+    # "transferred" (a model saved by an earlier run) or "own" (trained on this run)
+    spearman: list = field(default_factory=list)
+    predicted: list = field(default_factory=list)  # (log seconds predicted, measured, ranker)
     transferred: bool = False  # the first batches were ranked by a model saved earlier
+    ranked_by: list = field(default_factory=list)  # per batch: analytic / transferred / own
     wall_seconds: float = 0.0
     trace: list = field(default_factory=list)  # best seconds after each measurement, in order
 
@@ -58,7 +66,12 @@ class TuneResult:
     def run_spearman(self) -> float | None:
         """Spearman correlation of every prediction the learned model made before a batch with
         that batch's measurements, over the whole run (None: the model ranked no batch)."""
-        return spearman([p for p, _ in self.predicted], [t for _, t in self.predicted])
+        return self.spearman_of(("transferred", "own"))
+
+    def spearman_of(self, rankers=("own",)) -> float | None:
+        """As `run_spearman`, over the batches ranked by the models in `rankers` only."""
+        got = [(p, t) for p, t, r in self.predicted if r in rankers]
+        return spearman([p for p, _ in got], [t for _, t in got])
 
     def trials_to(self, seconds: float) -> int | None:
         """How many measurements this run needed to reach `seconds` (None: it never did)."""
@@ -69,7 +82,8 @@ class TuneResult:
                 "default_knobs": self.default_knobs, "default_seconds": self.default_seconds,
                 "speedup": self.speedup, "trials": len(self.log), "resumed": self.resumed,
                 "failed": self.failed, "spearman": self.spearman,
-                "run_spearman": self.run_spearman, "predicted": len(self.predicted), "transferred": self.transferred,
+                "run_spearman": self.run_spearman, "predicted": len(self.predicted),
+                "transferred": self.transferred, "ranked_by": self.ranked_by,
                 "wall_seconds": self.wall_seconds}
 
     def __str__(self) -> str:
@@ -132,22 +146,21 @@ class LearnedModel:
     A schedule's predicted log seconds are its analytic log seconds plus the predicted error:
     with no measurement yet the ranking is the analytic model's, and what a model learns about
     the analytic model's mistakes (a data path it underestimates, a knob it misjudges) is what
-    carries over to another operator of the family. Trained on top of `prior` (a model saved by
-    an earlier run of the same schedule on the same machine) when there is one."""
+    carries over to another operator of the family."""
 
     PARAMS = {"max_depth": 4, "eta": 0.2, "nthread": 1}
     ROUNDS = 60
 
-    def __init__(self, prior=None):
-        self.prior = prior
-        self.booster = prior
+    def __init__(self, booster=None):
+        self.booster = booster
 
     def fit(self, feats: list[list[float]], seconds: list[float], analytic: list[float]) -> None:
+        """Train from scratch on these measurements (what any earlier fit learned is dropped)."""
         import xgboost as xgb
 
         label = np.log(np.asarray(seconds, dtype=float)) - np.log(np.asarray(analytic, float))
         self.booster = xgb.train(self.PARAMS, xgb.DMatrix(np.array(feats), label=label),
-                                 self.ROUNDS, xgb_model=self.prior)
+                                 self.ROUNDS)
 
     def predict(self, feats: list[list[float]], analytic: list[float]) -> np.ndarray:
         """Predicted log seconds."""
@@ -273,11 +286,12 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
             result.kind = rec.kind if rec.ok else result.kind
     result.resumed = len(done)
 
-    model = None
+    model, ranker = None, "analytic"  # what ranks the next batch
     model_path = db.model_path(machine, fn) if db is not None else None
     if transfer and model_path is not None:
         model = LearnedModel.load(model_path, len(est(0)[1]))
         result.transferred = model is not None
+        ranker = "transferred" if model is not None else ranker
 
     def measure(idx: list[int]) -> None:
         outs = runner.run([cands[i] for i in idx], fn)
@@ -307,9 +321,9 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
             break
         ok = [i for i in done if math.isfinite(done[i])]
         if len(ok) >= 2 * batch:
-            model = LearnedModel(model.prior if model else None)
+            model, ranker = LearnedModel(), "own"
             model.fit([est(i)[1] for i in ok], [done[i] for i in ok], [est(i)[0] for i in ok])
-        scored = model is not None and model.booster is not None
+        scored = model is not None
         score = ((model.predict([est(i)[1] for i in todo], [est(i)[0] for i in todo]) if scored
                   else np.log([est(i)[0] for i in todo])) if todo and room else [])
         ranked = distinct([todo[j] for j in np.argsort(score, kind="stable")], room,
@@ -317,13 +331,14 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
         measure((first + ranked)[:trials - len(done)])
         first = []
         n_batch += 1
+        result.ranked_by.append(ranker)
         if scored and ranked:
             got = [(float(score[todo.index(i)]), done[i]) for i in ranked
                    if i in done and math.isfinite(done[i])]
-            result.predicted += got
+            result.predicted += [(p, t, ranker) for p, t in got]
             rho = spearman([p for p, _ in got], [t for _, t in got])
             if rho is not None:
-                result.spearman.append((len(done) - len(ranked), rho))
+                result.spearman.append((len(done) - len(ranked), rho, ranker))
         if progress:
             progress(_progress_line(n_batch, done, trials, t0, result))
     ok = [i for i in done if math.isfinite(done[i])]
@@ -332,7 +347,7 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
                        f"({len(done)}); see the errors in "
                        f"{db.path if db is not None else 'the runner outcomes'}")
     if model_path is not None and len(ok) >= 2:
-        final = LearnedModel(model.prior if model else None)
+        final = LearnedModel()
         final.fit([est(i)[1] for i in ok], [done[i] for i in ok], [est(i)[0] for i in ok])
         final.save(model_path)
     best = min(ok, key=done.get)
