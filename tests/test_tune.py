@@ -241,7 +241,7 @@ def test_rpc_tracker_survives_a_killed_server(tmp_path):
 
 def twin(s):
     e = tsl.model.evaluate(s)
-    return tune.search.twin_key(e.seconds, tune.search.program_features(s, e))
+    return tune.search.twin_key(s, e.seconds, tune.search.program_features(s, e))
 
 
 def test_twins_are_deferred_behind_distinct_candidates():
