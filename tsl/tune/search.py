@@ -6,8 +6,8 @@ ranking; after that each batch comes from a random pool of the space plus the on
 neighbours of the best two so far. Candidates are ranked by the analytic model
 (`tsl.model.evaluate`) until there are 2 x `batch` successful measurements, then by the
 analytic model plus the XGBoost model's prediction of its error, retrained on this run's
-measurements before each batch. Knob settings that the analytic model and the program features
-cannot tell apart (twins: a knob that changes nothing) are measured once while distinct
+measurements before each batch. Knob settings that differ only in loops of one iteration
+and get the same analytic estimate (twins, `twin_key`) are measured once while distinct
 candidates remain.
 
 Transfer: a model saved beside the database by an earlier run of the same schedule on the same
