@@ -119,12 +119,34 @@ def test_spearman_is_reported_and_the_model_transfers(tmp_path):
     db = Database(tmp_path / "t.jsonl")
     res = tune.tune(vta_op(64), "vta", trials=16, batch=4, pool=60, database=db)
     assert len(res.predicted) == 16 - 2 * 4  # after two batches ranked by the analytic model
+    assert res.ranked_by == ["analytic", "analytic", "own", "own"]
     assert res.run_spearman is not None and -1 <= res.run_spearman <= 1
-    assert not res.transferred
+    assert res.spearman_of(("own",)) == res.run_spearman and not res.transferred
     other = tune.tune(vta_op(96), "vta", trials=4, batch=2, pool=40, database=db)
     assert other.transferred
     assert tune.tune(vta_op(96), "vta", trials=4, batch=2, pool=40, database=db,
                      transfer=False).resumed == 4
+
+
+def test_the_transferred_model_ranks_until_the_run_has_its_own(tmp_path):
+    # The saved model ranks the batches before the run has 2 batches of its own measurements;
+    # then, and in the model the run saves, only this run's measurements count.
+    op, fn, m = vta_op(96), tsl.default_schedule("dense"), resolve_target("vta")[1]
+    db = Database(tmp_path / "t.jsonl")
+    tune.tune(vta_op(64), "vta", trials=8, batch=4, pool=40, database=db)
+    res = tune.tune(op, "vta", trials=16, batch=4, pool=40, database=db)
+    assert res.transferred
+    assert res.ranked_by == ["transferred", "transferred", "own", "own"]
+    assert {r for *_, r in res.predicted} == {"transferred", "own"}
+    assert res.spearman_of(("transferred",)) is not None
+    measured = [tune.record(op, m, fn, k) for k, _, _ in res.log]
+    own = tune.LearnedModel()
+    own.fit([tune.features(s) for s in measured], [t for *_, t in res.log],
+            [a for _, a, _ in res.log])
+    saved = tune.LearnedModel.load(db.model_path(m, fn), len(tune.features(measured[0])))
+    pool = tune.candidates(op, m, fn, limit=20, seed=3)
+    args = ([tune.features(s) for s in pool], [tune.analytic_seconds(s) for s in pool])
+    np.testing.assert_allclose(saved.predict(*args), own.predict(*args), rtol=1e-5)
 
 
 def test_a_transferred_model_ranks_the_first_batch(tmp_path):
@@ -215,3 +237,26 @@ def test_rpc_tracker_survives_a_killed_server(tmp_path):
     assert lost and all("lost while measuring" in r.error for r in lost)
     assert len({r.device for r in recs if r.ok}) == 2
     assert res.seconds <= res.default_seconds
+
+
+def twin(s):
+    e = tsl.model.evaluate(s)
+    return tune.search.twin_key(s, e.seconds, tune.search.program_features(s, e))
+
+
+def test_twins_are_deferred_behind_distinct_candidates():
+    # Knob settings the analytic model and the program features cannot tell apart (a knob that
+    # changes nothing, such as a tile that covers the whole extent either way) are one program:
+    # the run measures one of them while distinct candidates remain.
+    op, fn, m = vta_op(96), tsl.default_schedule("dense"), resolve_target("vta")[1]
+    pool = tune.candidates(op, m, fn, limit=40, seed=0)
+    by_time = sorted(pool, key=tune.analytic_seconds)[:8]
+    assert len({twin(s) for s in by_time}) < 8  # the analytic ranking's top has twins
+    runner = Counting()
+    tune.tune(op, "vta", trials=8, batch=4, pool=40, runner=runner, transfer=False)
+    seen = [tune.record(op, m, fn, k) for k in runner.seen]
+    assert len(seen) == 8 and len({twin(s) for s in seen}) == 8
+
+    rank, keys = [0, 1, 2, 3, 4], {0: "a", 1: "a", 2: "b", 3: "b", 4: "c"}
+    assert tune.search.distinct(rank, 3, set(), keys.get) == [0, 2, 4]
+    assert tune.search.distinct(rank, 3, {"a", "c"}, keys.get) == [2, 0, 1]  # twins last
