@@ -172,12 +172,15 @@ def _inner_ext(s: Schedule, at: Loop) -> dict[str, int]:
     return ext
 
 
-def tile_rows(s: Schedule, st: Stage) -> int:
+def tile_rows(s: Schedule, st: Stage, rows_used: bool = False) -> int:
     """Contiguous rows of a staged tile in memory: the tile's dimensions outside the innermost
     one it does not cover whole. A packed operand keeps the primitive's block of its k (and n)
     axis innermost (the accumulator its n block), so that block is whole and the dims outside
-    it set the rows."""
-    dims = list(s.op.tile_shape(st.operand, _inner_ext(s, st.at)))
+    it set the rows. `rows_used`: the tile holds only the rows its window reads (a mover with
+    `row_pitch`); a strided dim is never part of a contiguous run, each of its rows is one."""
+    ext = _inner_ext(s, st.at)
+    dims = list(s.op.tile_shape(st.operand, ext, rows_used))
+    strided = {dims[d][0] for d in s.op.strided_dims(st.operand, ext)} if rows_used else set()
     p = s.primitive
     # The accumulator is kept in the activations' layout: packed when A is.
     packed = st.operand in s.packed or (st.operand == "C" and "A" in s.packed)
@@ -186,12 +189,16 @@ def tile_rows(s: Schedule, st: Stage) -> int:
         inner = []
         for i, (axis, tile, full) in enumerate(dims):
             b = blocks.get(s.role_of(axis))
-            if b and tile % b == 0 and full % b == 0:
-                dims[i] = (axis, tile // b, full // b)
+            if b and tile % b == 0:
+                # Packing pads the dim to whole blocks (24 channels are two blocks of 16).
+                dims[i] = (axis, tile // b, -(-full // b))
                 inner.append((axis, b, b))
         dims += inner
     rows = 1
     for i in range(len(dims) - 1, -1, -1):
+        if dims[i][0] in strided and dims[i][1] > 1:
+            rows = math.prod(min(t, f) for _, t, f in dims[:i + 1])
+            break
         if dims[i][1] != dims[i][2]:
             rows = math.prod(min(t, f) for _, t, f in dims[:i])
             break
@@ -228,10 +235,16 @@ def transfers(s: Schedule) -> list[Transfer]:
                                 shared, units, hidden, at=s.loops.index(st.at)))
             continue
         nbytes = st.bytes
+        gather = bool(mv and mv.row_pitch)
+        if gather:
+            # The copy takes only the rows the window reads (a strided 1x1 convolution's
+            # every stride-th input row), at a multiple of the row pitch.
+            nbytes = math.ceil(s.op.footprint(st.operand, _inner_ext(s, st.at), True)
+                               * dtype_bytes(st.dtype))
         if not lv.managed:
             fills, nbytes = cache_reuse(s, st)
         out.append(Transfer(f"{st.operand} tile at {st.at.name}", lv.name, parent.name, fills,
-                            nbytes, tile_rows(s, st), mv.latency if mv else 0.0,
+                            nbytes, tile_rows(s, st, gather), mv.latency if mv else 0.0,
                             bool(mv and mv.serial_rows), bw, shared, units, hidden,
                             st.at.stages, s.loops.index(st.at)))
     # A cache with no stage of its own (an L3 around the staged L2) passes on what the tiles

@@ -118,6 +118,10 @@ class Mover:
     # True: a 2-D transfer is one burst per row, one after another, each paying `latency`
     # (VTA's DMA); False: the latency is paid once per transfer.
     serial_rows: bool = False
+    # True: a 2-D transfer takes its rows at any pitch, so the tile of a strided window holds
+    # only the rows the kernel taps read (Operator.tile_shape(rows_used=True)): every other
+    # input row of a 1x1 stride-2 convolution is skipped, not loaded.
+    row_pitch: bool = False
 
 
 @dataclass(frozen=True)

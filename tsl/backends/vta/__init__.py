@@ -24,7 +24,10 @@ class VTABackend(Backend):
         cfg = codegen.machine_config(machine)
         lowering = VTALowering(machine, schedule.primitive)
         ctx = lower(schedule, lowering)
-        program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg)
+        p = schedule.primitive
+        mover = next((mv for mv in machine.movers if mv.dst == p.a_level), None)
+        program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg,
+                                   row_pitch=bool(mover and mover.row_pitch))
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
 
     def measure(self, art: VTAArtifact):
