@@ -234,17 +234,14 @@ def transfers(s: Schedule) -> list[Transfer]:
                                 mv.latency if mv else 0.0, bool(mv and mv.serial_rows), bw,
                                 shared, units, hidden, at=s.loops.index(st.at)))
             continue
+        # (A mover with row_pitch copies only the rows a strided window reads: the stage's
+        # elements count those, `tile_rows` its DMA rows.)
         nbytes = st.bytes
-        gather = bool(mv and mv.row_pitch)
-        if gather:
-            # The copy takes only the rows the window reads (a strided 1x1 convolution's
-            # every stride-th input row), at a multiple of the row pitch.
-            nbytes = math.ceil(s.op.footprint(st.operand, _inner_ext(s, st.at), True)
-                               * dtype_bytes(st.dtype))
         if not lv.managed:
             fills, nbytes = cache_reuse(s, st)
         out.append(Transfer(f"{st.operand} tile at {st.at.name}", lv.name, parent.name, fills,
-                            nbytes, tile_rows(s, st, gather), mv.latency if mv else 0.0,
+                            nbytes, tile_rows(s, st, bool(mv and mv.row_pitch)),
+                            mv.latency if mv else 0.0,
                             bool(mv and mv.serial_rows), bw, shared, units, hidden,
                             st.at.stages, s.loops.index(st.at)))
     # A cache with no stage of its own (an L3 around the staged L2) passes on what the tiles
