@@ -8,7 +8,9 @@ The model, for a schedule `s`:
 
 - **Traffic.** Every staged tile is a `Transfer`: filled once per iteration of its loop and of
   every loop outside it (a tile staged under a loop it does not depend on is reloaded on each
-  of that loop's iterations: that is what the program does), times the tile's bytes. An
+  of that loop's iterations: that is what the program does; a mover that `keeps_tiles` skips
+  a copy of the region its buffer holds, so there it is once per change of the tile), times
+  the tile's bytes (a mover with `row_pitch` copies only the rows a strided window reads). An
   accumulator tile is written back, in the output's dtype, once per fill. A hardware cache
   (managed = false) is modelled the same way: the traffic its tile sizes imply.
 - **Time of a data path.** Transfers are grouped by the level they come from (their parent):
@@ -114,6 +116,28 @@ def busy_units(s: Schedule) -> float:
 
 def _fills(s: Schedule, at: Loop) -> int:
     return math.prod(lp.extent for lp in s.loops[:s.loops.index(at) + 1])
+
+
+# The operator roles an operand's tile depends on (the others leave it unchanged).
+DEPENDS = {"A": ("m", "k", "b"), "B": ("n", "k", "b"), "C": ("m", "n", "b")}
+
+
+def kept_fills(s: Schedule, st: Stage) -> int:
+    """Fills of a tile whose mover skips a copy of the region the buffer already holds
+    (`keeps_tiles`): one per change of the tile, i.e. per iteration of the loops out to the
+    innermost one (of more than one iteration) the tile depends on; each virtual thread
+    inside that loop keeps its own copy."""
+    loops = s.loops[:s.loops.index(st.at) + 1]
+    roles = DEPENDS[st.operand]
+    dep = [i for i, lp in enumerate(loops)
+           if any(p.extent > 1 and s.role_of(p.axes[0]) in roles for p in lp.parts or (lp,))]
+    j = dep[-1] if dep else -1
+    fills = math.prod(lp.extent for lp in loops[:j + 1])
+    for lp in loops[j + 1:]:
+        if lp.parallel and s.machine.compute_level(lp.parallel).virtual:
+            count = s.machine.compute_level(lp.parallel).count
+            fills *= count if lp.extent % count == 0 else 1  # (threads only where it divides)
+    return fills
 
 
 def _ext_from(s: Schedule, pos: int) -> dict[str, int]:
@@ -239,6 +263,8 @@ def transfers(s: Schedule) -> list[Transfer]:
         nbytes = st.bytes
         if not lv.managed:
             fills, nbytes = cache_reuse(s, st)
+        elif mv and mv.keeps_tiles:
+            fills = kept_fills(s, st)
         out.append(Transfer(f"{st.operand} tile at {st.at.name}", lv.name, parent.name, fills,
                             nbytes, tile_rows(s, st, bool(mv and mv.row_pitch)),
                             mv.latency if mv else 0.0,
@@ -407,7 +433,8 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     tiles = acc.fills / units  # accumulator tiles per unit
     inner = [t for t in ts if t.at > acc.at and not t.what.startswith("C")]
     outer = [t for t in ts if t not in inner and t is not acc]
-    steps = max((t.fills for t in inner), default=acc.fills) / units  # per unit
+    # Reduction steps per unit (a tile kept across steps has fewer fills than steps).
+    steps = max((_fills(s, s.loops[t.at]) for t in inner), default=acc.fills) / units
     n = steps / tiles
     l = sum(t.cycles() for t in inner) / steps if inner else 0.0
     g = parts["primitive"] / steps
@@ -416,7 +443,12 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     serial = sum(max(t.cycles(), t.shared_cycles()) for t in outer if t.hidden == 0)
     V = virtual_threads(s, acc.at)
     depth = max((t.in_flight for t in inner), default=1)  # operand buffers per thread
-    stall = max(0.0, S - (V - 1) * E)  # the reset of a thread's next tile waits for it
+    # The reset of a thread's next tile waits for its write-back: the first thread's while
+    # the others' epilogues run; each later one is issued after the thread before it has
+    # reset and computed its first step.
+    stall = max(0.0, S - (V - 1) * E)
+    if V > 1:
+        stall += max(0.0, S - stall - R - g)
     gap = V * (R + E) + stall  # compute busy (or waiting) on no reduction step
     N = V * n
     load = N * l + V * hidden_out

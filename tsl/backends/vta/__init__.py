@@ -25,9 +25,11 @@ class VTABackend(Backend):
         lowering = VTALowering(machine, schedule.primitive)
         ctx = lower(schedule, lowering)
         p = schedule.primitive
-        mover = next((mv for mv in machine.movers if mv.dst == p.a_level), None)
+        mover = {mv.dst: mv for mv in machine.movers}
+        a, b = mover.get(p.a_level), mover.get(p.b_level)
         program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg,
-                                   row_pitch=bool(mover and mover.row_pitch))
+                                   row_pitch=bool(a and a.row_pitch),
+                                   keep_tiles=bool(a and b and a.keeps_tiles and b.keeps_tiles))
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
 
     def measure(self, art: VTAArtifact):

@@ -12,7 +12,10 @@ The codegen reads the scheduled TIR (see `lowering.py`) in two passes:
    thread and per pipeline stage, so thread t's loads overlap thread t'-s compute and the
    loads of step i+1 overlap the compute of step i. Virtual threads are interleaved leaf by leaf
    (each leaf is emitted for every thread before the next one), as TVM's virtual-thread
-   injection does.
+   injection does, except that a thread's accumulator reset waits until its first GEMM.
+   An input tile holds only the rows the GEMMs read (every stride-th row of a strided 1x1
+   window, loaded at a multiple of the row pitch), and a LOAD of the region a buffer already
+   holds is skipped (a weight tile staged under the output row loop is loaded once).
 
 Dependency tokens are then derived from what each instruction reads and writes in the
 scratchpads (`add_tokens`): a read after a write, or a write after a read, that crosses modules
@@ -353,9 +356,12 @@ class _Insn:
 
 
 class _Emitter:
-    def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool = False):
+    def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool = False,
+                 keep_tiles: bool = False):
         self.k, self.op, self.c = kernel, op, config
-        self.row_pitch = row_pitch
+        self.row_pitch, self.keep_tiles = row_pitch, keep_tiles
+        self.last_fill = {}  # (scratchpad buffer, thread) -> (source, origin) of its last LOAD
+        self.pending_reset = {}  # thread -> (reset leaf, loop values) not issued yet
         self.readers = {}  # inp scratchpad buffer -> the GEMM leaves that read it
         self._steps = {}  # scratchpad buffer -> row step per tile dim (see `steps`)
         self.out: list[_Insn] = []
@@ -501,6 +507,14 @@ class _Emitter:
             leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
             if leaf is not None:
                 for tid, env in envs:
+                    if leaf.kind == "reset" and self.threads > 1:
+                        # Zeroing a thread's accumulator waits for the write-back of its last
+                        # tile; issued just before the thread's first GEMM on it, the other
+                        # threads' work runs meanwhile instead of that wait.
+                        self.pending_reset[tid] = (leaf, env)
+                        continue
+                    if leaf.kind in ("gemm", "epilogue") and tid in self.pending_reset:
+                        self.leaf_reset(*self.pending_reset.pop(tid), tid)
                     getattr(self, "leaf_" + leaf.kind)(leaf, env, tid)
             elif ch in self.leafless:
                 continue  # nothing to emit: do not walk its iterations
@@ -517,13 +531,20 @@ class _Emitter:
         dst, didx = leaf.access["dst"]
         src, sidx = leaf.access["src"]
         key = (dst, tid)
-        self.slot_count[key] = self.slot_count.get(key, 0) + 1
-        kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
-        _, _, e, shape, _ = self.tile(dst)
         name, offs = src.name, [0] * len(sidx)
         if src in self.k.pads:
             src, name, offs = self.k.pads[src]
         origin = [a.at(env, leaf.chain) + o for a, o in zip(sidx, offs)]
+        if self.keep_tiles:
+            # The thread's last fill of this buffer holds this very region: its slot is read
+            # again (no LOAD, and the slots do not rotate), so a tile staged under loops it
+            # does not depend on is loaded once per change.
+            if self.last_fill.get(key) == (name, origin):
+                return
+            self.last_fill[key] = (name, origin)
+        self.slot_count[key] = self.slot_count.get(key, 0) + 1
+        kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
+        _, _, e, shape, _ = self.tile(dst)
         self.dma(Load, MEM_OF[kind], src, name, origin[:-e], shape, base.const, kind,
                  pad=bool(any(offs)), steps=self.steps(dst))
 
@@ -861,12 +882,14 @@ _FIELD_HINTS = {
 }
 
 
-def generate(func, op, config: VTAConfig, row_pitch: bool = False) -> Program:
+def generate(func, op, config: VTAConfig, row_pitch: bool = False,
+             keep_tiles: bool = False) -> Program:
     """The VTA program of a scheduled PrimFunc, every instruction checked to encode (a field
     that does not fit is a build error naming the field and what to change, not a failure of
     the first run). `row_pitch`: input tiles hold only the rows the GEMMs read (the input
-    mover's `row_pitch`, see `_Emitter.steps`)."""
-    prog = _Emitter(read_tir(func), op, config, row_pitch).run()
+    mover's `row_pitch`, see `_Emitter.steps`). `keep_tiles`: a copy of the region its
+    buffer already holds is skipped (the movers' `keeps_tiles`, see `_Emitter.leaf_copy`)."""
+    prog = _Emitter(read_tir(func), op, config, row_pitch, keep_tiles).run()
     for k, insn in enumerate(prog.insns):
         try:
             encode(insn, config)
