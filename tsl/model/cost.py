@@ -135,8 +135,7 @@ def kept_fills(s: Schedule, st: Stage) -> int:
     fills = math.prod(lp.extent for lp in loops[:j + 1])
     for lp in loops[j + 1:]:
         if lp.parallel and s.machine.compute_level(lp.parallel).virtual:
-            count = s.machine.compute_level(lp.parallel).count
-            fills *= count if lp.extent % count == 0 else 1  # (threads only where it divides)
+            fills *= thread_count(s, lp)
     return fills
 
 
@@ -181,11 +180,7 @@ def hidden_fraction(s: Schedule, st: Stage) -> float:
     the shorter side stays exposed; none otherwise."""
     if not st.level.managed or st.at.stages > 1:
         return 1.0
-    m = s.machine
-    v = max((min(lp.extent, m.compute_level(lp.parallel).count)
-             for lp in s.loops[:s.loops.index(st.at) + 1]
-             if lp.parallel and m.compute_level(lp.parallel).virtual), default=1)
-    return 1 - 1 / v
+    return 1 - 1 / virtual_threads(s, s.loops.index(st.at))
 
 
 def _inner_ext(s: Schedule, at: Loop) -> dict[str, int]:
@@ -401,11 +396,17 @@ def compute_cycles(s: Schedule) -> tuple[float, float, list[str]]:
     return sum(parts.values()), padded, notes
 
 
+def thread_count(s: Schedule, lp: Loop) -> int:
+    """Virtual threads loop `lp` runs as: its level's count of consecutive iterations
+    interleaved, where that count divides the extent; otherwise the loop stays serial (1)."""
+    count = s.machine.compute_level(lp.parallel).count
+    return count if lp.extent % count == 0 else 1
+
+
 def virtual_threads(s: Schedule, pos: int) -> int:
     """Virtual threads interleaved around loop position `pos` (1: none)."""
     m = s.machine
-    return max((min(lp.extent, m.compute_level(lp.parallel).count)
-                for lp in s.loops[:pos + 1]
+    return max((thread_count(s, lp) for lp in s.loops[:pos + 1]
                 if lp.parallel and m.compute_level(lp.parallel).virtual), default=1)
 
 
