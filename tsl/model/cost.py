@@ -8,7 +8,9 @@ The model, for a schedule `s`:
 
 - **Traffic.** Every staged tile is a `Transfer`: filled once per iteration of its loop and of
   every loop outside it (a tile staged under a loop it does not depend on is reloaded on each
-  of that loop's iterations: that is what the program does), times the tile's bytes. An
+  of that loop's iterations: that is what the program does; a mover that `keeps_tiles` skips
+  a copy of the region its buffer holds, so there it is once per change of the tile), times
+  the tile's bytes (a mover with `row_pitch` copies only the rows a strided window reads). An
   accumulator tile is written back, in the output's dtype, once per fill. A hardware cache
   (managed = false) is modelled the same way: the traffic its tile sizes imply.
 - **Time of a data path.** Transfers are grouped by the level they come from (their parent):
@@ -116,6 +118,27 @@ def _fills(s: Schedule, at: Loop) -> int:
     return math.prod(lp.extent for lp in s.loops[:s.loops.index(at) + 1])
 
 
+# The operator roles an operand's tile depends on (the others leave it unchanged).
+DEPENDS = {"A": ("m", "k", "b"), "B": ("n", "k", "b"), "C": ("m", "n", "b")}
+
+
+def kept_fills(s: Schedule, st: Stage) -> int:
+    """Fills of a tile whose mover skips a copy of the region the buffer already holds
+    (`keeps_tiles`): one per change of the tile, i.e. per iteration of the loops out to the
+    innermost one (of more than one iteration) the tile depends on; each virtual thread
+    inside that loop keeps its own copy."""
+    loops = s.loops[:s.loops.index(st.at) + 1]
+    roles = DEPENDS[st.operand]
+    dep = [i for i, lp in enumerate(loops)
+           if any(p.extent > 1 and s.role_of(p.axes[0]) in roles for p in lp.parts or (lp,))]
+    j = dep[-1] if dep else -1
+    fills = math.prod(lp.extent for lp in loops[:j + 1])
+    for lp in loops[j + 1:]:
+        if lp.parallel and s.machine.compute_level(lp.parallel).virtual:
+            fills *= thread_count(s, lp)
+    return fills
+
+
 def _ext_from(s: Schedule, pos: int) -> dict[str, int]:
     """Iterations per axis of the loops from position `pos` inwards."""
     ext = {a: 1 for a in s.padded_extents()}
@@ -157,11 +180,7 @@ def hidden_fraction(s: Schedule, st: Stage) -> float:
     the shorter side stays exposed; none otherwise."""
     if not st.level.managed or st.at.stages > 1:
         return 1.0
-    m = s.machine
-    v = max((min(lp.extent, m.compute_level(lp.parallel).count)
-             for lp in s.loops[:s.loops.index(st.at) + 1]
-             if lp.parallel and m.compute_level(lp.parallel).virtual), default=1)
-    return 1 - 1 / v
+    return 1 - 1 / virtual_threads(s, s.loops.index(st.at))
 
 
 def _inner_ext(s: Schedule, at: Loop) -> dict[str, int]:
@@ -172,12 +191,15 @@ def _inner_ext(s: Schedule, at: Loop) -> dict[str, int]:
     return ext
 
 
-def tile_rows(s: Schedule, st: Stage) -> int:
+def tile_rows(s: Schedule, st: Stage, rows_used: bool = False) -> int:
     """Contiguous rows of a staged tile in memory: the tile's dimensions outside the innermost
     one it does not cover whole. A packed operand keeps the primitive's block of its k (and n)
     axis innermost (the accumulator its n block), so that block is whole and the dims outside
-    it set the rows."""
-    dims = list(s.op.tile_shape(st.operand, _inner_ext(s, st.at)))
+    it set the rows. `rows_used`: the tile holds only the rows its window reads (a mover with
+    `row_pitch`); a strided dim is never part of a contiguous run, each of its rows is one."""
+    ext = _inner_ext(s, st.at)
+    dims = list(s.op.tile_shape(st.operand, ext, rows_used))
+    strided = {dims[d][0] for d in s.op.strided_dims(st.operand, ext)} if rows_used else set()
     p = s.primitive
     # The accumulator is kept in the activations' layout: packed when A is.
     packed = st.operand in s.packed or (st.operand == "C" and "A" in s.packed)
@@ -186,12 +208,16 @@ def tile_rows(s: Schedule, st: Stage) -> int:
         inner = []
         for i, (axis, tile, full) in enumerate(dims):
             b = blocks.get(s.role_of(axis))
-            if b and tile % b == 0 and full % b == 0:
-                dims[i] = (axis, tile // b, full // b)
+            if b and tile % b == 0:
+                # Packing pads the dim to whole blocks (24 channels are two blocks of 16).
+                dims[i] = (axis, tile // b, -(-full // b))
                 inner.append((axis, b, b))
         dims += inner
     rows = 1
     for i in range(len(dims) - 1, -1, -1):
+        if dims[i][0] in strided and dims[i][1] > 1:
+            rows = math.prod(min(t, f) for _, t, f in dims[:i + 1])
+            break
         if dims[i][1] != dims[i][2]:
             rows = math.prod(min(t, f) for _, t, f in dims[:i])
             break
@@ -227,11 +253,16 @@ def transfers(s: Schedule) -> list[Transfer]:
                                 mv.latency if mv else 0.0, bool(mv and mv.serial_rows), bw,
                                 shared, units, hidden, at=s.loops.index(st.at)))
             continue
+        # (A mover with row_pitch copies only the rows a strided window reads: the stage's
+        # elements count those, `tile_rows` its DMA rows.)
         nbytes = st.bytes
         if not lv.managed:
             fills, nbytes = cache_reuse(s, st)
+        elif mv and mv.keeps_tiles:
+            fills = kept_fills(s, st)
         out.append(Transfer(f"{st.operand} tile at {st.at.name}", lv.name, parent.name, fills,
-                            nbytes, tile_rows(s, st), mv.latency if mv else 0.0,
+                            nbytes, tile_rows(s, st, bool(mv and mv.row_pitch)),
+                            mv.latency if mv else 0.0,
                             bool(mv and mv.serial_rows), bw, shared, units, hidden,
                             st.at.stages, s.loops.index(st.at)))
     # A cache with no stage of its own (an L3 around the staged L2) passes on what the tiles
@@ -365,11 +396,17 @@ def compute_cycles(s: Schedule) -> tuple[float, float, list[str]]:
     return sum(parts.values()), padded, notes
 
 
+def thread_count(s: Schedule, lp: Loop) -> int:
+    """Virtual threads loop `lp` runs as: its level's count of consecutive iterations
+    interleaved, where that count divides the extent; otherwise the loop stays serial (1)."""
+    count = s.machine.compute_level(lp.parallel).count
+    return count if lp.extent % count == 0 else 1
+
+
 def virtual_threads(s: Schedule, pos: int) -> int:
     """Virtual threads interleaved around loop position `pos` (1: none)."""
     m = s.machine
-    return max((min(lp.extent, m.compute_level(lp.parallel).count)
-                for lp in s.loops[:pos + 1]
+    return max((thread_count(s, lp) for lp in s.loops[:pos + 1]
                 if lp.parallel and m.compute_level(lp.parallel).virtual), default=1)
 
 
@@ -397,7 +434,8 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     tiles = acc.fills / units  # accumulator tiles per unit
     inner = [t for t in ts if t.at > acc.at and not t.what.startswith("C")]
     outer = [t for t in ts if t not in inner and t is not acc]
-    steps = max((t.fills for t in inner), default=acc.fills) / units  # per unit
+    # Reduction steps per unit (a tile kept across steps has fewer fills than steps).
+    steps = max((_fills(s, s.loops[t.at]) for t in inner), default=acc.fills) / units
     n = steps / tiles
     l = sum(t.cycles() for t in inner) / steps if inner else 0.0
     g = parts["primitive"] / steps
@@ -406,7 +444,12 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     serial = sum(max(t.cycles(), t.shared_cycles()) for t in outer if t.hidden == 0)
     V = virtual_threads(s, acc.at)
     depth = max((t.in_flight for t in inner), default=1)  # operand buffers per thread
-    stall = max(0.0, S - (V - 1) * E)  # the reset of a thread's next tile waits for it
+    # The reset of a thread's next tile waits for its write-back: the first thread's while
+    # the others' epilogues run; each later one is issued after the thread before it has
+    # reset and computed its first step.
+    stall = max(0.0, S - (V - 1) * E)
+    if V > 1:
+        stall += max(0.0, S - stall - R - g)
     gap = V * (R + E) + stall  # compute busy (or waiting) on no reduction step
     N = V * n
     load = N * l + V * hidden_out

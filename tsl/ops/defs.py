@@ -6,6 +6,8 @@ lazily: TVM is imported only when a PrimFunc is asked for) and its NumPy referen
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import ScheduleError
@@ -108,7 +110,7 @@ def _gemm(name, M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=0):
         Axis("i", M, "m"), Axis("j", N, "n"), Axis("k", K, "k"))
     shape = bshape + (M, N, K)
 
-    def tile(operand, e):
+    def tile(operand, e, rows_used=False):
         b = (("b", e["b"], batch),) if batch else ()
         i, j, k = ("i", e["i"], M), ("j", e["j"], N), ("k", e["k"], K)
         return b + {"A": (i, k), "B": (j, k) if transpose_b else (k, j), "C": (i, j)}[operand]
@@ -232,13 +234,18 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
             out = out.transpose(0, 2, 3, 1)
         return ep.numpy(out, rest[0] if rest else None, chan)
 
-    def tile(operand, e):
+    def tile(operand, e, rows_used=False):
         n, ci, co = ("n", e["n"], N), ("ci", e["ci"], C), ("co", e["co"], K)
         if operand == "A":
             # The input window of the output tile, clipped to the zero-padded input.
             h = (e["oh"] - 1) * stride + (e["r"] - 1) * dilation + 1
             w = (e["ow"] - 1) * stride + (e["s"] - 1) * dilation + 1
-            h, w = ("oh", min(h, H + 2 * padding), H), ("ow", min(w, W + 2 * padding), W)
+            h, w = min(h, H + 2 * padding), min(w, W + 2 * padding)
+            if rows_used:
+                # Rows oh * stride + r * dilation: all offsets are multiples of g.
+                g = stride if e["r"] == 1 else math.gcd(stride, dilation)
+                h = (h - 1) // g + 1
+            h, w = ("oh", h, H), ("ow", w, W)
             return (n, ci, h, w) if nchw else (n, h, w, ci)
         if operand == "B":
             r, s = ("r", e["r"], R), ("s", e["s"], S)

@@ -85,15 +85,28 @@ class Operator:
 
         return te.create_prim_func(self._te(a_dtype, b_dtype))
 
-    def footprint(self, operand: str, ext: dict[str, int]) -> int:
-        """Elements of operand "A", "B" or "C" touched by a tile of `ext` iterations per axis."""
-        return math.prod(t for _, t, _ in self._tile(operand, ext))
+    def footprint(self, operand: str, ext: dict[str, int], rows_used: bool = False) -> int:
+        """Elements of operand "A", "B" or "C" touched by a tile of `ext` iterations per axis
+        (`rows_used`: as `tile_shape`)."""
+        return math.prod(t for _, t, _ in self._tile(operand, ext, rows_used))
 
-    def tile_shape(self, operand: str, ext: dict[str, int]) -> tuple[tuple[str, int, int], ...]:
+    def tile_shape(self, operand: str, ext: dict[str, int],
+                   rows_used: bool = False) -> tuple[tuple[str, int, int], ...]:
         """The tile of operand "A", "B" or "C" touched by `ext` iterations per axis, one
         (axis, tile extent, tensor extent) per dimension of the tensor, outer to inner. The
-        axis is the operator axis that indexes the dimension (a window dim: its output axis)."""
-        return tuple(self._tile(operand, ext))
+        axis is the operator axis that indexes the dimension (a window dim: its output axis).
+
+        `rows_used`: the outer window dim of a strided window (conv2d's input rows) counts
+        only the rows the kernel taps read, as a copy that takes rows at a pitch stores it
+        (rows oh * stride + r * dilation: every stride-th row when the tile has one tap row,
+        every gcd(stride, dilation)-th otherwise); the default is the whole span. A dim that
+        this makes smaller than the span is a strided dim (`strided_dims`)."""
+        return tuple(self._tile(operand, ext, rows_used))
+
+    def strided_dims(self, operand: str, ext: dict[str, int]) -> tuple[int, ...]:
+        """Dims of the `rows_used` tile that hold every g-th row of the span (g > 1)."""
+        dense, used = self.tile_shape(operand, ext), self.tile_shape(operand, ext, True)
+        return tuple(d for d, (a, b) in enumerate(zip(dense, used)) if b[1] < a[1])
 
     def padded(self, ext: dict[str, int]) -> "Operator":
         """The same operator with axes grown to `ext` (zero padding: results in the original

@@ -414,7 +414,8 @@ class Schedule:
         """Elements of `operand` touched by one iteration of `at` (its inner loops). A level
         shared by the instances of a finer compute level (shared memory of a block's warps)
         holds the tiles of all of them: loops outside `at` run in parallel on such a finer
-        level count as well."""
+        level count as well. A level filled by a mover with `row_pitch` holds only the rows
+        of a strided window that the kernel reads (`Operator.tile_shape(rows_used=True)`)."""
         names = [c.name for c in self.machine.compute]
         shared_below = names.index(level.per) if level is not None and level.per in names else None
         inner = self.loops[self.loops.index(at) + 1:]
@@ -425,7 +426,9 @@ class Schedule:
         for lp in inner:
             for part in lp.parts or (lp,):
                 ext[part.axes[0]] *= part.extent
-        return self.op.footprint(operand, ext)
+        rows_used = level is not None and any(mv.dst == level.name and mv.row_pitch
+                                              for mv in self.machine.movers)
+        return self.op.footprint(operand, ext, rows_used)
 
     def validate(self) -> None:
         """Check every staged tile against its level again, on the final loop nest, and that

@@ -118,6 +118,14 @@ class Mover:
     # True: a 2-D transfer is one burst per row, one after another, each paying `latency`
     # (VTA's DMA); False: the latency is paid once per transfer.
     serial_rows: bool = False
+    # True: a 2-D transfer takes its rows at any pitch, so the tile of a strided window holds
+    # only the rows the kernel taps read (Operator.tile_shape(rows_used=True)): every other
+    # input row of a 1x1 stride-2 convolution is skipped, not loaded.
+    row_pitch: bool = False
+    # True: a copy of the region the destination buffer already holds is skipped, so a tile
+    # staged under loops it does not depend on is loaded once per change, not once per
+    # iteration (the VTA codegen compares each LOAD with the buffer's last one).
+    keeps_tiles: bool = False
 
 
 @dataclass(frozen=True)

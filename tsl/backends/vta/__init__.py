@@ -24,7 +24,12 @@ class VTABackend(Backend):
         cfg = codegen.machine_config(machine)
         lowering = VTALowering(machine, schedule.primitive)
         ctx = lower(schedule, lowering)
-        program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg)
+        p = schedule.primitive
+        mover = {mv.dst: mv for mv in machine.movers}
+        a, b = mover.get(p.a_level), mover.get(p.b_level)
+        program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg,
+                                   row_pitch=bool(a and a.row_pitch),
+                                   keep_tiles=bool(a and b and a.keeps_tiles and b.keeps_tiles))
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
 
     def measure(self, art: VTAArtifact):

@@ -12,7 +12,10 @@ The codegen reads the scheduled TIR (see `lowering.py`) in two passes:
    thread and per pipeline stage, so thread t's loads overlap thread t'-s compute and the
    loads of step i+1 overlap the compute of step i. Virtual threads are interleaved leaf by leaf
    (each leaf is emitted for every thread before the next one), as TVM's virtual-thread
-   injection does.
+   injection does, except that a thread's accumulator reset waits until its first GEMM.
+   An input tile holds only the rows the GEMMs read (every stride-th row of a strided 1x1
+   window, loaded at a multiple of the row pitch), and a LOAD of the region a buffer already
+   holds is skipped (a weight tile staged under the output row loop is loaded once).
 
 Dependency tokens are then derived from what each instruction reads and writes in the
 scratchpads (`add_tokens`): a read after a write, or a write after a read, that crosses modules
@@ -353,8 +356,14 @@ class _Insn:
 
 
 class _Emitter:
-    def __init__(self, kernel: Kernel, op, config: VTAConfig):
+    def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool = False,
+                 keep_tiles: bool = False):
         self.k, self.op, self.c = kernel, op, config
+        self.row_pitch, self.keep_tiles = row_pitch, keep_tiles
+        self.last_fill = {}  # (scratchpad buffer, thread) -> (source, origin) of its last LOAD
+        self.pending_reset = {}  # thread -> (reset leaf, loop values) not issued yet
+        self.readers = {}  # inp scratchpad buffer -> the GEMM leaves that read it
+        self._steps = {}  # scratchpad buffer -> row step per tile dim (see `steps`)
         self.out: list[_Insn] = []
         self.uop_words: list[np.ndarray] = []
         self.uop_seg = 0
@@ -393,6 +402,8 @@ class _Emitter:
                 self.chain_root[ch.chain[0]] = ch
             if ch.kind == "copy":
                 self.defining[ch.access["dst"][0]] = ch
+            elif ch.kind == "gemm":
+                self.readers.setdefault(ch.access["inp"][0], []).append(ch)
             elif ch.kind == "epilogue":
                 self.defining[ch.access["acc"][0]] = ch
                 if "bias" in ch.access:
@@ -413,9 +424,39 @@ class _Emitter:
         e = ENTRY_DIMS[kind]
         role = "dst" if leaf.kind == "copy" else "acc"
         idx = leaf.access[role][1]
-        shape = [a.span(leaf.chain) for a in idx[:-e]]
+        steps = self.steps(buf)
+        shape = [(a.span(leaf.chain) - 1) // g + 1 for a, g in zip(idx[:-e], steps)]
         strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
         return leaf, role, e, shape, strides
+
+    def steps(self, buf) -> list[int]:
+        """Per tile dim of an input tile, the step g between the rows the GEMMs read: the tile
+        holds every g-th row of the span its copy covers (a 1x1 stride-2 convolution reads
+        every other input row), and its LOAD takes them at g times the row pitch. Only where
+        the DMA can (`row_pitch`, the machine's mover) and not for the innermost dim, which is
+        each DMA row's contiguous run; 1 elsewhere."""
+        if buf in self._steps:
+            return self._steps[buf]
+        leaf = self.defining.get(buf)
+        kind = buf.scope().split(".")[-1]
+        nd = len(buf.shape) - ENTRY_DIMS[kind]
+        steps = [1] * nd
+        if self.row_pitch and kind == "inp" and leaf is not None and leaf.kind == "copy":
+            dst = leaf.access["dst"][1]
+            for d in range(nd - 1):
+                origin = Aff(dst[d].const, {l: v for l, v in dst[d].terms.items()
+                                            if l not in leaf.chain})
+                g = 0
+                for reader in self.readers.get(buf, []):
+                    off = reader.access["inp"][1][d] + origin.scale(-1)
+                    if any(not isinstance(l, LoopNode) for l in off.terms):
+                        g = 1  # a divided loop: no static step
+                        break
+                    g = math.gcd(g, off.const, *(v for l, v in off.terms.items()
+                                                 if l.extent > 1))
+                steps[d] = max(g, 1)
+        self._steps[buf] = steps
+        return steps
 
     def slot_base(self, buf, tid, slot):
         kind = buf.scope().split(".")[-1]
@@ -439,9 +480,13 @@ class _Emitter:
         origin = [a.at(env, leaf.chain) for a in leaf.access[role][1][:-e]]
         form = Aff(self.slot_base(buf, tid, slot % max(leaf.stages, 1) if leaf.kind == "copy"
                                   else 0))
-        for d, a in enumerate(idx[:-e]):
+        for d, (a, g) in enumerate(zip(idx[:-e], self.steps(buf))):
             loc = Aff(a.at(env) - origin[d], a.loops(env))
-            form = form + loc.scale(strides[d])
+            if loc.const % g or any(v % g for v in loc.terms.values()):
+                raise LoweringError(f"{buf.name}: an access reads a row between the rows "
+                                    f"(every {g}th) the tile holds")
+            form = form + Aff(loc.const // g, {l: v // g for l, v in loc.terms.items()}
+                              ).scale(strides[d])
         return kind, form
 
     # -- walking -----------------------------------------------------------------------------
@@ -462,6 +507,14 @@ class _Emitter:
             leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
             if leaf is not None:
                 for tid, env in envs:
+                    if leaf.kind == "reset" and self.threads > 1:
+                        # Zeroing a thread's accumulator waits for the write-back of its last
+                        # tile; issued just before the thread's first GEMM on it, the other
+                        # threads' work runs meanwhile instead of that wait.
+                        self.pending_reset[tid] = (leaf, env)
+                        continue
+                    if leaf.kind in ("gemm", "epilogue") and tid in self.pending_reset:
+                        self.leaf_reset(*self.pending_reset.pop(tid), tid)
                     getattr(self, "leaf_" + leaf.kind)(leaf, env, tid)
             elif ch in self.leafless:
                 continue  # nothing to emit: do not walk its iterations
@@ -478,29 +531,40 @@ class _Emitter:
         dst, didx = leaf.access["dst"]
         src, sidx = leaf.access["src"]
         key = (dst, tid)
-        self.slot_count[key] = self.slot_count.get(key, 0) + 1
-        kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
-        _, _, e, shape, _ = self.tile(dst)
         name, offs = src.name, [0] * len(sidx)
         if src in self.k.pads:
             src, name, offs = self.k.pads[src]
         origin = [a.at(env, leaf.chain) + o for a, o in zip(sidx, offs)]
+        if self.keep_tiles:
+            # The thread's last fill of this buffer holds this very region: its slot is read
+            # again (no LOAD, and the slots do not rotate), so a tile staged under loops it
+            # does not depend on is loaded once per change.
+            if self.last_fill.get(key) == (name, origin):
+                return
+            self.last_fill[key] = (name, origin)
+        self.slot_count[key] = self.slot_count.get(key, 0) + 1
+        kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
+        _, _, e, shape, _ = self.tile(dst)
         self.dma(Load, MEM_OF[kind], src, name, origin[:-e], shape, base.const, kind,
-                 pad=bool(any(offs)))
+                 pad=bool(any(offs)), steps=self.steps(dst))
 
-    def dma(self, cls, mem, gbuf, name, origin, shape, sram, kind, pad):
+    def dma(self, cls, mem, gbuf, name, origin, shape, sram, kind, pad, steps=None):
         """2-D DMAs between a tile (dense, row-major over `shape`) and the global buffer region
-        at `origin`: x is the innermost run of dims that are whole in the buffer, y the next
-        dim; the remaining dims make one DMA each. Rows or columns outside the buffer become
-        zero padding (loads only)."""
+        at `origin`, the tile's dim d taking every steps[d]-th index of the buffer's: x is the
+        innermost run of dims that are whole in the buffer (step 1), y the next dim (its rows
+        at steps[y] times the buffer's row pitch); the remaining dims make one DMA each. Rows
+        or columns outside the buffer become zero padding (loads only)."""
         gshape = [int(d) for d in gbuf.shape]
         e = len(gshape) - len(shape)
         entry = math.prod(gshape[len(shape):])
-        gstr = [math.prod(gshape[d + 1:]) // entry for d in range(len(shape))]
         nd = len(shape)
+        steps = steps or [1] * nd
+        gstr = [math.prod(gshape[d + 1:]) // entry for d in range(nd)]
         x0 = nd - 1
         if not pad:
-            while x0 > 0 and all(shape[d] == gshape[d] for d in range(x0, nd)):
+            # Whole dims of step 1 join the run, as does the (partial) dim outside them.
+            while x0 > 0 and steps[x0 - 1] == 1 and all(shape[d] == gshape[d] and steps[d] == 1
+                                                         for d in range(x0, nd)):
                 x0 -= 1
         ydim = x0 - 1
         xs = math.prod(shape[x0:])
@@ -511,7 +575,7 @@ class _Emitter:
         for coords in itertools.product(*[range(shape[d]) for d in outer]):
             at = list(origin)
             for d, c in zip(outer, coords):
-                at[d] += c
+                at[d] += c * steps[d]
             pads = [0, 0, 0, 0]
             y_lo, y_n = (at[ydim], ys) if ydim >= 0 else (0, 1)
             x_lo, x_n = at[x0], xs
@@ -519,12 +583,15 @@ class _Emitter:
                 for k, (lo, n, d) in enumerate(((y_lo, y_n, ydim), (x_lo, x_n, x0))):
                     if d < 0:
                         continue
-                    p0, p1 = max(0, -lo), max(0, lo + n - gshape[d])
+                    # Rows lo + g * i, i < n: those below 0 or past the buffer are padding.
+                    g = steps[d]
+                    p0 = max(0, -(lo // g))
+                    p1 = max(0, n - max(0, -((lo - gshape[d]) // g)))
                     pads[2 * k], pads[2 * k + 1] = p0, p1
                     if k == 0:
-                        y_lo, y_n = lo + p0, n - p0 - p1
+                        y_lo, y_n = lo + g * p0, n - p0 - p1
                     else:
-                        x_lo, x_n = lo + p0, n - p0 - p1
+                        x_lo, x_n = lo + g * p0, n - p0 - p1
                 if y_n <= 0 or x_n <= 0:
                     raise LoweringError(f"a tile of {gbuf.name} lies wholly in its padding")
             for d in range(nd):
@@ -537,7 +604,7 @@ class _Emitter:
             ebytes = entry * np.dtype(gbuf.dtype).itemsize
             sram_at = sram + sum(c * tstr[d] for d, c in zip(outer, coords))
             insn = cls(mem, sram_at, base_addr // ebytes + elem, y_n, x_n,
-                       gstr[ydim] if ydim >= 0 else x_n, *pads)
+                       gstr[ydim] * steps[ydim] if ydim >= 0 else x_n, *pads)
             rng = [(kind, sram_at, sram_at + ys * xs)]
             self.out.append(_Insn(insn, [] if cls is Load else rng, rng if cls is Load else DONE))
 
@@ -815,11 +882,14 @@ _FIELD_HINTS = {
 }
 
 
-def generate(func, op, config: VTAConfig) -> Program:
+def generate(func, op, config: VTAConfig, row_pitch: bool = False,
+             keep_tiles: bool = False) -> Program:
     """The VTA program of a scheduled PrimFunc, every instruction checked to encode (a field
     that does not fit is a build error naming the field and what to change, not a failure of
-    the first run)."""
-    prog = _Emitter(read_tir(func), op, config).run()
+    the first run). `row_pitch`: input tiles hold only the rows the GEMMs read (the input
+    mover's `row_pitch`, see `_Emitter.steps`). `keep_tiles`: a copy of the region its
+    buffer already holds is skipped (the movers' `keeps_tiles`, see `_Emitter.leaf_copy`)."""
+    prog = _Emitter(read_tir(func), op, config, row_pitch, keep_tiles).run()
     for k, insn in enumerate(prog.insns):
         try:
             encode(insn, config)
