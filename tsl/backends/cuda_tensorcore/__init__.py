@@ -11,9 +11,10 @@ Building needs no GPU (nor nvcc: the CUDA source is TVM's); `.ptx()`, `.resource
 from __future__ import annotations
 
 from ...backend import Backend
+from ...errors import ScheduleError
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
-from . import codegen, hopper
+from . import codegen, hopper, model
 from .lowering import TensorCoreLowering
 from .runtime import TensorCoreArtifact
 
@@ -33,6 +34,23 @@ class TensorCoreBackend(Backend):
             return hopper.build(schedule)
         ctx = lower(schedule, TensorCoreLowering(schedule.machine, schedule.primitive))
         return TensorCoreArtifact(schedule, ctx, codegen.generate(ctx.sch.mod, schedule.machine))
+
+    def check(self, schedule) -> None:
+        """Refuse (ScheduleError) a block with more threads than a block may have, or one that
+        the model's registers per thread would not let onto an SM at all."""
+        m = schedule.machine
+        t = model.tile_of(schedule, model.planned_instruction(m, schedule.op))
+        threads = 32 * t.warps
+        if threads > int(m.params["max_threads_per_block"]):
+            raise ScheduleError(f"{schedule.op} on {m.name}: {t.warps} warps per block "
+                                f"({threads} threads) exceed the {m.params['max_threads_per_block']}"
+                                f" a block may have; use smaller m_outer / n_outer")
+        regs = model.registers(t)
+        if regs * threads > int(m.params["registers_per_sm"]):
+            raise ScheduleError(f"{schedule.op} on {m.name}: {threads} threads x {regs} "
+                                f"registers (modelled) exceed the SM's "
+                                f"{m.params['registers_per_sm']}; use fewer warps or smaller "
+                                f"accumulator tiles")
 
     def suite(self, quick: bool) -> list:
         """fp16 GEMMs (large, and BERT-base's at sequence 128), bf16 and int8 GEMMs, a ResNet

@@ -39,7 +39,7 @@ from ...errors import LoweringError
 from ...lower import LowerContext, Lowering
 from ...primitives.schedule import Loop
 from ...tam.machine import dtype_bytes
-from . import intrinsics
+from . import intrinsics, model
 
 SHARED = "shared.dyn"
 VECTOR_BYTES = 16  # one cp.async / ld.global.v4 per thread
@@ -56,8 +56,7 @@ class TensorCoreLowering(Lowering):
         WMMA for conv2d (its shared tile is the kernel window, not a matrix ldmatrix can
         address), for int8 (m16n8k32 needs a k-32 primitive in the TAM and B as [N, K]) and
         where the machine does not ask for mma.sync."""
-        return (bool(self.machine.params.get("mma_sync")) and op.name != "conv2d"
-                and op.dtype in ("float16", "bfloat16"))
+        return model.planned_instruction(self.machine, op) == "mma_sync"
 
     # -- staging ----------------------------------------------------------------------------
     def cache(self, ctx: LowerContext, stage) -> None:
