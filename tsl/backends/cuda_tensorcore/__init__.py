@@ -36,15 +36,29 @@ class TensorCoreBackend(Backend):
         return TensorCoreArtifact(schedule, ctx, codegen.generate(ctx.sch.mod, schedule.machine))
 
     def check(self, schedule) -> None:
-        """Refuse (ScheduleError) a block with more threads than a block may have, or one that
-        the model's registers per thread would not let onto an SM at all."""
+        """Refuse (ScheduleError) what the lowering cannot build: serial loops outside the
+        grid, a block with more threads than a block may have, a WMMA epilogue tile over the
+        static shared memory limit, or a block the model's registers per thread would not let
+        onto an SM at all."""
         m = schedule.machine
+        loops = schedule.loops
+        first = next((i for i, lp in enumerate(loops) if lp.parallel), len(loops))
+        serial = [lp.name for lp in loops[:first] if lp.extent > 1]
+        if serial:  # the lowering refuses it too (_bind_parallel), after minutes of work
+            raise ScheduleError(f"{schedule.op} on {m.name}: loops {serial} run serially "
+                                f"outside the thread blocks; one kernel needs them in the grid")
         t = model.tile_of(schedule, model.planned_instruction(m, schedule.op))
         threads = 32 * t.warps
         if threads > int(m.params["max_threads_per_block"]):
             raise ScheduleError(f"{schedule.op} on {m.name}: {t.warps} warps per block "
                                 f"({threads} threads) exceed the {m.params['max_threads_per_block']}"
                                 f" a block may have; use smaller m_outer / n_outer")
+        static = model.epilogue_shared_bytes(t)
+        if static > model.STATIC_SHARED_MAX:
+            raise ScheduleError(f"{schedule.op} on {m.name}: the WMMA epilogue's shared tile "
+                                f"({static} B over {t.warps} warps) exceeds the "
+                                f"{model.STATIC_SHARED_MAX} B of static shared memory a kernel "
+                                f"may have; use fewer warps (m_outer / n_outer)")
         regs = model.registers(t)
         if regs * threads > int(m.params["registers_per_sm"]):
             raise ScheduleError(f"{schedule.op} on {m.name}: {threads} threads x {regs} "

@@ -119,13 +119,26 @@ def registers(tile: Tile, k_slice: int = 16) -> int:
     return math.ceil(frag) + REGISTER_OVERHEAD
 
 
+STATIC_SHARED_MAX = 48 * 1024  # static __shared__ arrays of one kernel (CUDA's limit)
+
+
+def epilogue_shared_bytes(tile: Tile) -> int:
+    """The WMMA epilogue's static shared tile: one 16 x 16 fragment per warp, but s_tir sizes
+    the buffer over every warp's position in the block (warp offsets plus one fragment, per
+    axis)."""
+    if tile.instruction != "wmma":
+        return 0
+    rows = tile.block_m - tile.warp_m + 16
+    cols = tile.block_n - tile.warp_n + 16
+    return int(rows * cols * tile.acc_bytes)
+
+
 def shared_bytes(schedule, tile: Tile) -> int:
     """Shared memory of a block: every staged A / B tile times its pipeline's buffers, and for
-    WMMA the 16 x 16 accumulator tile per warp its epilogue goes through."""
+    WMMA the accumulator tile its epilogue goes through."""
     staged = sum(st.bytes * st.at.stages for st in schedule.stages
                  if st.level.role == "scratchpad")
-    epilogue = tile.warps * 16 * 16 * tile.acc_bytes if tile.instruction == "wmma" else 0
-    return int(staged + epilogue)
+    return int(staged + epilogue_shared_bytes(tile))
 
 
 @dataclass(frozen=True)
