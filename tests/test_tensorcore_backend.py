@@ -14,6 +14,7 @@ import tsl
 from tsl.backends.cuda_tensorcore.hopper import HopperArtifact
 import wmma_emulator
 from tsl.backends.cuda_tensorcore import backend, codegen, runtime
+from tsl.model.search import record_fixed
 
 ARCHS = ("sm_80", "sm_90")
 needs_nvcc = pytest.mark.skipif(codegen.nvcc() is None, reason="nvcc not found")
@@ -277,6 +278,71 @@ def test_model_terms_follow_instruction_occupancy_and_bandwidth():
     with pytest.raises(tsl.TAMError, match="instruction_rate"):
         model.model(tsl.load_machine("tensorcore-sm80"), replace(tile, instruction="wgmma"),
                     flops, flops, 1, 1e8, "float16")
+
+
+def _chosen(op, machine="tensorcore-sm80"):
+    from tsl.backends.cuda_tensorcore import model
+
+    s = tsl.schedule(op, machine)
+    mod, occ = model.price(s)
+    return s, model.tile_of(s, mod.instruction), mod, occ
+
+
+def test_knob_search_prices_warps_by_the_back_ends_model():
+    """The search's price of a schedule is this back end's model (not the generic model of
+    staged tiles, which gives warps no throughput): for a large fp16 GEMM it picks a
+    128 x 256 (or 256 x 128) block of 8 warps, each a 64 x 64 accumulator tile, pipelined."""
+    from tsl.backends.cuda_tensorcore import model
+
+    s, t, mod, occ = _chosen(tsl.ops.matmul(4096, 4096, 4096, dtype="float16"))
+    assert {t.block_m, t.block_n} == {128, 256} and t.warps == 8, t
+    assert (t.warp_m, t.warp_n) == (64, 64) and t.stages >= 2 and mod.instruction == "mma_sync"
+    assert tsl.model.evaluate(s).seconds == pytest.approx(mod.seconds)
+    # Blocks of one warp (the same accumulator tile): as many blocks as fit on an SM do not
+    # make up for it (more L2 traffic per MAC, fewer warps per scheduler).
+    one = record_fixed(s.op, s.machine, s.choice.fn, {
+        **s.knob_values, "m_outer": 1, "n_outer": 1})
+    assert model.price(one)[0].seconds > 1.5 * mod.seconds
+    # Unpipelined, every k-step waits for its copy.
+    flat = record_fixed(s.op, s.machine, s.choice.fn, {
+        **s.knob_values, "stages": 1})
+    assert model.price(flat)[0].exposed_cycles["copy wait"] > 0
+    assert model.price(flat)[0].seconds > mod.seconds
+
+
+@pytest.mark.parametrize("n,k", [(768, 768), (3072, 768), (768, 3072)])
+def test_bert_dense_tiles_fill_the_sms(n, k):
+    """Wave quantization is priced: a 128 x 256 tile would give a BERT-base dense 3 .. 12
+    blocks on 108 SMs; the model picks tiles that give most SMs a block, and prices the
+    large tile slower."""
+    from tsl.backends.cuda_tensorcore import model
+
+    op = tsl.ops.dense(128, n, k, dtype="float16")
+    s, t, mod, occ = _chosen(op)
+    sms = s.machine.cores()
+    assert t.blocks >= sms * 2 // 3 and mod.waves <= 1, (t, mod.waves)
+    big = record_fixed(op, s.machine, s.choice.fn, {
+        **s.knob_values, "m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2})
+    big_model = model.price(big)[0]
+    assert big_model.waves * sms <= 12 and big_model.seconds > mod.seconds
+
+
+def test_search_refuses_what_the_lowering_cannot_build():
+    """Serial loops outside the grid and WMMA epilogue tiles over 48 KiB of static shared
+    memory are refused by the back end's check, so the search never picks them."""
+    op = tsl.ops.matmul(4096, 4096, 4096, dtype="int8")
+    knobs = {"k_inner": 8, "m_inner": 4, "m_outer": 2, "n_inner": 4, "n_outer": 4,
+             "outer": "m", "stages": 2}
+    s = record_fixed(op, tsl.load_machine("tensorcore-sm80"),
+                                      tsl.schedules.schedule_gemm, knobs)
+    with pytest.raises(tsl.ScheduleError, match="static shared memory"):
+        backend.check(s)
+    conv = tsl.ops.conv2d(8, 64, 56, 56, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")
+    s = record_fixed(conv, tsl.load_machine("tensorcore-sm80"), tsl.schedules.schedule_conv2d,
+                     {"parallel_axes": "co", "co_outer": 1, "co_inner": 2, "w_inner": 2,
+                      "h_inner": 1, "ci_inner": 2, "reduce_rows": False, "stages": 2})
+    with pytest.raises(tsl.ScheduleError, match="serially"):
+        backend.check(s)
 
 
 def test_suite():

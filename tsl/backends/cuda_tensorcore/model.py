@@ -1,28 +1,37 @@
 """A performance model of one Tensor Core kernel: what the emitted instruction, the occupancy,
 the L2 -> SM and shared-memory traffic of each tile, the barriers and the pipeline fill allow.
 
-It is a model (`kind = "model"`), not a measurement. Per SM and per k-step of a block tile
-(BM x BN x BK, W warps, S pipeline stages) it takes the slowest of
+It is a model (`kind = "model"`), not a measurement, and it is the price of a schedule both
+for the knob search (`schedule_program`, registered with tsl.model: the block tile, warps and
+pipeline depth are its choice) and for the built artifact (`price` with ptxas' registers).
+Per SM and per k-step of a block tile (BM x BN x BK, W warps, S pipeline stages) it takes
 
     tensor   BM*BN*BK MACs / (primitive MACs/clk x rate of the emitted instruction x
              min(1, resident warps / 4 sub-partitions)), plus the fragment-load latency of
              each 16-deep slice, divided by the warps per sub-partition that hide it
     shared   (BM + BN) * BK bytes written by cp.async + W * (WM + WN) * BK bytes read into
              fragments, at the shared level's bytes/clk
-    L2       (BM + BN) * BK bytes at this SM's share of the L2 -> SM bandwidth
+    L2       (BM + BN) * BK bytes at this SM's share of the L2 -> SM bandwidth (the L2's
+             bandwidth over the SMs that have blocks in this wave, at most the SM's port)
 
-and adds what a block cannot overlap with its own work, divided over the blocks resident on
-the SM (they hide each other's stalls): a barrier per k-step, the pipeline fill (the copy
-latency of the first stage), and the epilogue (WMMA: each accumulator fragment goes through
-shared memory between two barriers; mma.sync / wgmma: stored from the registers). Blocks run in waves of (SMs x blocks per SM); the last wave runs
-with as many blocks per SM as it has. The result is floored by the HBM traffic.
+the slowest of them plus `overlap_stall` x the second slowest x their ratio (paths of nearly
+equal time stall each other); an unpipelined kernel (S = 1) copies, then computes. It adds
+what a block cannot overlap with its own work, divided over the blocks resident on the SM
+(they hide each other's stalls): a barrier per k-step, the pipeline fill (the copy latency of
+the first stage), the copy latency the S - 1 steps ahead do not cover, and the epilogue (WMMA:
+each accumulator fragment goes through shared memory between two barriers; mma.sync / wgmma:
+stored from the registers). Blocks per SM come from registers, shared memory and warps
+(`occupancy`); blocks run in waves of (SMs x blocks per SM), the last wave with as many blocks
+per SM as it has, on as many SMs (wave quantization: a grid of 3 blocks uses 3 SMs). The result
+is floored by the HBM traffic.
 
 `upper_bound_seconds` is the roofline of the emitted instruction (its rate x the busy share of
 the last wave, or HBM): no kernel issuing that instruction can be faster, so a rate computed
 from it is an upper bound, labelled so.
 
 Every rate is machine data: [peaks], the primitive's macs_per_cycle, [params] instruction_rate,
-l2_bytes_per_s, barrier_cycles, and the movers' latencies (tensorcore-*.toml).
+l2_bytes_per_s, l2_sm_bytes_per_cycle, overlap_stall, barrier_cycles, the occupancy limits, and
+the movers' latencies (tensorcore-*.toml).
 """
 
 from __future__ import annotations
