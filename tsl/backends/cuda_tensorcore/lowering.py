@@ -202,7 +202,7 @@ class TensorCoreLowering(Lowering):
         _, frag, tile = _split16(sch, ctx.blocks["C_acc"])
         sch.reverse_compute_at(ctx.blocks["C_store"], frag, preserve_unit_loops=True)
         sch.tensorize(tile, intrinsics.intrin("store", acc, "shared"))
-        sch.tensorize(ctx.rv(loop), intrinsics.intrin("sync", dt, acc, b_col))
+        sch.tensorize(ctx.rv(loop), intrinsics.intrin("sync", dt, acc, b_col, prim.k))
 
     def _tensorize_mma(self, ctx: LowerContext, loop: Loop, init, b_col: bool) -> None:
         """Registers in mma.sync's per-lane layouts (intrinsics.lane_a / lane_b): every warp
@@ -235,8 +235,13 @@ class TensorCoreLowering(Lowering):
         for operand, trans in (("A", False), ("B", b_col)):
             frag = ctx.blocks[f"{operand}_frag"]
             rows, cols = (k, 16) if operand == "B" and not trans else (16, k)
-            loads.append(_tile(sch, frag, rows, cols,
-                               intrinsics.intrin("ldmatrix", dt, SHARED, operand, trans)))
+            if operand == "B" and not trans and dtype_bytes(dt) == 1:
+                # No 8-bit ldmatrix.trans: each lane loads its own bytes (not swizzled).
+                _tile(sch, frag, rows, cols, intrinsics.intrin("lds_b", dt, SHARED))
+                continue
+            loads.append((operand, _tile(sch, frag, rows, cols,
+                                         intrinsics.intrin("ldmatrix", dt, SHARED, operand,
+                                                           trans))))
         sch.tensorize(ctx.rv(loop), intrinsics.intrin("mma", dt, acc))
         ctx.blocks["ldmatrix"] = loads
         # The store: lane 4 * (i % 8) + j % 8 // 2 holds rows i, i + 8 and columns j, j + 1.
@@ -272,13 +277,15 @@ class TensorCoreLowering(Lowering):
             # XOR'ed index of a 16-byte vector is not seen to stay contiguous (the copy would
             # be scattered, no cp.async). Other tiles (a K or N of 16, k_inner = 6) stay
             # unswizzled.
-            for operand, load in zip(("A", "B"), ctx.blocks["ldmatrix"]):
+            loads = dict(ctx.blocks["ldmatrix"])
+            for operand in ("A", "B"):
                 blk = ctx.blocks[f"{operand}_shared"]
                 _spread(sch, blk, warps, ctx.op.dtype)
                 row = self.rows[operand]
-                if row >= 32 and row & (row - 1) == 0:
+                if (operand in loads and dtype_bytes(ctx.op.dtype) == 2 and row >= 32
+                        and row & (row - 1) == 0):
                     sch.annotate(blk, "permuted_layout", 1)
-                    sch.annotate(load, "permuted_layout", 1)
+                    sch.annotate(loads[operand], "permuted_layout", 1)
             return
         for operand in ("A", "B"):
             window = ctx.op.name == "conv2d" and operand == "A"

@@ -108,7 +108,7 @@ def planned_instruction(machine, op) -> str:
     ldmatrix + mma.sync where the machine asks for it (`mma_sync`) for the GEMM family,
     warp-level WMMA otherwise (conv2d's window tile, machines without the parameter)."""
     if (machine.params.get("mma_sync") and op.name != "conv2d"
-            and op.dtype in ("float16", "bfloat16")):
+            and op.dtype in ("float16", "bfloat16", "int8")):
         return "mma_sync"
     return "wmma"
 
