@@ -86,7 +86,9 @@ def test_tam_files(name, sms, smem, peak):
     assert m.peak("float16") == peak and m.peak("int8") == 2 * peak
     for dt, acc in (("float16", "float32"), ("bfloat16", "float32"), ("int8", "int32")):
         p = m.primitive(dt)
-        assert p.shape == (16, 16, 16) and p.acc_dtype == acc
+        # sm_80's int8 primitive is mma.sync's 32-deep one (two m16n8k32 per 16x16x32)
+        deep = 32 if dt == "int8" and name == "tensorcore-sm80" else 16
+        assert p.shape == (16, 16, deep) and p.acc_dtype == acc
     assert m.params["cp_async"] and m.params["mma_shapes"]["tf32"] == "m16n8k8"
     assert bool(m.params.get("mma_sync")) == (name == "tensorcore-sm80")
 
@@ -462,6 +464,14 @@ MMA = {
     "matmul-bf16-128x256-8warps-4stages": (
         lambda: tsl.ops.matmul(128, 256, 160, dtype="bfloat16"),
         {"m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2, "stages": 4}),
+    # int8 -> int32 on mma.sync.m16n8k32: B as [K, N] has no 8-bit ldmatrix.trans (each lane
+    # gathers its bytes, tsl_lds4); B as [N, K] is loaded with ldmatrix like A.
+    "matmul-s8-ragged": (lambda: tsl.ops.matmul(72, 100, 80, dtype="int8"),
+                         {"m_inner": 2, "n_inner": 2, "m_outer": 2, "n_outer": 2,
+                          "k_inner": 2}),
+    "dense-s8-ragged": (lambda: tsl.ops.dense(40, 48, 96, dtype="int8"),
+                        {"m_inner": 2, "n_inner": 2, "m_outer": 2, "n_outer": 2,
+                         "k_inner": 2}),
 }
 
 
@@ -477,10 +487,14 @@ def test_mma_sync_source(name):
     tile, no barrier after the main loop), two fp32 per lane and store."""
     art = built80(name)
     src = art.source()
-    assert "mma.sync.aligned.m16n8k16.row.col.f32" in src and "ldmatrix.sync.aligned" in src
+    mma = ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" if art.op.dtype == "int8"
+           else "mma.sync.aligned.m16n8k16.row.col.f32")
+    assert mma in src and "ldmatrix.sync.aligned" in src
     assert "nvcuda::wmma::mma_sync" not in src and art.kernel.static_shared_bytes == 0
-    assert re.search(r"\*\(float2\*\)\((C|out)_ptr \+", src)
+    assert re.search(r"\*\((float|int)2\*\)\((C|out)_ptr \+", src)
     assert "cp.async" in src
+    # B as [K, N] of 8-bit elements: gathered by the lanes (no ldmatrix.trans for b8)
+    assert ("tsl_lds4(" in src) == (art.op.dtype == "int8" and art.op.name == "matmul")
     if "8warps" in name:
         assert art.kernel.block == (32, 8, 1)
         assert len(wmma_emulator.WAIT.findall(src)) >= 3   # wait_group 2, 1, 0: four stages
@@ -488,7 +502,8 @@ def test_mma_sync_source(name):
 
 # Emulated (about 15 s each): every path once; batch_matmul-bf16 runs the 8-warp case's
 # bf16 mma.sync and the ragged case's loads, its source is checked above.
-EMULATED = ("matmul-f16-ragged", "dense-f16-bias-relu", "matmul-bf16-128x256-8warps-4stages")
+EMULATED = ("matmul-f16-ragged", "dense-f16-bias-relu", "matmul-bf16-128x256-8warps-4stages",
+            "matmul-s8-ragged", "dense-s8-ragged")
 
 
 @needs_gxx
@@ -496,8 +511,25 @@ EMULATED = ("matmul-f16-ragged", "dense-f16-bias-relu", "matmul-bf16-128x256-8wa
 def test_mma_sync_numerics_emulated(name):
     """The kernel run lane by lane: ldmatrix, mma.sync and the shuffles exchange registers
     between the 32 threads of a warp as the PTX ISA lays them out."""
-    ok, err = wmma_emulator.verify(built80(name), seed=7)
-    assert ok, err
+    art = built80(name)
+    if art.op.dtype == "int8":  # full-range operands: every product and sum is exact
+        xs = art.op.random_inputs(7)
+        assert min(x.min() for x in xs) == -128 and max(x.max() for x in xs) == 127
+    ok, err = wmma_emulator.verify(art, seed=7)
+    assert ok and err == 0 if art.op.dtype == "int8" else ok, err
+
+
+@needs_gxx
+def test_int8_conv2d_on_sm80_issues_two_wmma_per_32_deep_step():
+    """sm_80's int8 primitive is 32 deep (mma.sync m16n8k32); conv2d stays on WMMA, which is
+    16 deep: two wmma.mma_sync per step, exact against NumPy (channels not a multiple of 32,
+    stride 2)."""
+    op = tsl.ops.conv2d(1, 24, 14, 14, 40, 3, 3, stride=2, padding=1, layout="NHWC",
+                        dtype="int8")
+    art = tsl.build(op, "tensorcore-sm80", knobs={"stages": 2})
+    assert art.schedule.primitive.k == 32 and art.source().count("wmma::mma_sync") == 2
+    ok, err = wmma_emulator.verify(art, seed=5)
+    assert ok and err == 0, err
 
 
 # Wrong lane mappings, each made in the generated CUDA: the emulator must fail them.

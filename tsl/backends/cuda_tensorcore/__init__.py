@@ -1,8 +1,8 @@
 """The Tensor Core back end: WMMA m16n16k16 (fp16/bf16 -> fp32, int8 -> int32) through TVM's CUDA
 code generator, shared-memory staging with cp.async pipelining, PTX/cubin through nvcc. Where
 the machine file sets `mma_sync` (sm_80) the fp16/bf16 GEMMs use ldmatrix + mma.sync m16n8k16
-from swizzled shared memory (lowering.py); on sm_90 the fp16/bf16 GEMMs of the default schedule
-are a TMA + wgmma kernel for sm_90a (hopper.py).
+from swizzled shared memory, the int8 GEMMs mma.sync m16n8k32 (lowering.py); on sm_90 the
+fp16/bf16 GEMMs of the default schedule are a TMA + wgmma kernel for sm_90a (hopper.py).
 
 Building needs no GPU (nor nvcc: the CUDA source is TVM's); `.ptx()`, `.resources()` and
 `.export()` need nvcc; `.run()` needs an NVIDIA GPU and CuPy.

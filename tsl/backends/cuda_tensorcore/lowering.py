@@ -13,15 +13,18 @@ Every staged A/B tile is stored "16-blocked": its innermost dimension x becomes 
 so each 16x16 fragment is one contiguous, 256-bit aligned block of shared memory. That is what
 wmma.load_matrix_sync needs (aligned pointer, ldm = 16) and it reads without bank conflicts.
 
-On a machine with `mma_sync` (sm_80) the fp16 / bf16 GEMM family takes another path:
+On a machine with `mma_sync` (sm_80) the fp16 / bf16 / int8 GEMM family takes another path:
 
     cache(X, "scratchpad")      -> a row-major shared.dyn tile, swizzled (TVM's
                                    InjectPermutedLayout: 16-byte block b of row r at b ^ r % 8)
     cache(X, "operand")         -> "warp" registers in mma.sync's per-lane layout, loaded with
-                                   ldmatrix.x4 (.trans for B given as [K, N])
+                                   ldmatrix.x4 (.trans for B given as [K, N]; 8-bit B given
+                                   as [K, N], which no ldmatrix transposes: gathered by each
+                                   lane, four bytes a register, intrinsics._lds_b)
     cache("C", "accumulator")   -> "warp" registers; the fused epilogue is computed by the
                                    store from them, two fp32 per lane as one 8-byte store
-    tensorize                   -> two mma.sync.m16n8k16 per 16x16x16 step
+    tensorize                   -> two mma.sync.m16n8k16 per 16x16x16 step (m16n8k32 per
+                                   16x16x32 step for int8)
 
 conv2d (NHWC data, RSCK weights) is an implicit GEMM: rows are output pixels, columns output
 channels, the reduction is (r, s, input channel). The weights' tile is staged like a GEMM's B.
@@ -52,10 +55,10 @@ class TensorCoreLowering(Lowering):
         self.rows: dict[str, int] = {}  # operand -> elements in a row of its shared tile
 
     def uses_mma(self, op) -> bool:
-        """ldmatrix + mma.sync (machine param `mma_sync`) for the fp16 / bf16 GEMM family;
-        WMMA for conv2d (its shared tile is the kernel window, not a matrix ldmatrix can
-        address), for int8 (m16n8k32 needs a k-32 primitive in the TAM and B as [N, K]) and
-        where the machine does not ask for mma.sync."""
+        """ldmatrix + mma.sync (machine param `mma_sync`) for the fp16 / bf16 / int8 GEMM
+        family; WMMA for conv2d (its shared tile is the kernel window, not a matrix ldmatrix
+        can address) and where the machine does not ask for mma.sync (model.py says which:
+        the model prices the instruction the lowering emits)."""
         return model.planned_instruction(self.machine, op) == "mma_sync"
 
     # -- staging ----------------------------------------------------------------------------
@@ -276,7 +279,8 @@ class TensorCoreLowering(Lowering):
             # rows of 32 elements or more, and a power of two of them: with rows of 96 the
             # XOR'ed index of a 16-byte vector is not seen to stay contiguous (the copy would
             # be scattered, no cp.async). Other tiles (a K or N of 16, k_inner = 6) stay
-            # unswizzled.
+            # unswizzled. So do int8 tiles: TVM's pass fails on 8-bit elements (their
+            # ldmatrix reads have bank conflicts; tsl_lds4's byte gathers anyway).
             loads = dict(ctx.blocks["ldmatrix"])
             for operand in ("A", "B"):
                 blk = ctx.blocks[f"{operand}_shared"]
