@@ -46,7 +46,9 @@ class TensorCoreBackend(Backend):
         serial = [lp.name for lp in loops[:first] if lp.extent > 1]
         if serial:  # the lowering refuses it too (_bind_parallel), after minutes of work
             raise ScheduleError(f"{schedule.op} on {m.name}: loops {serial} run serially "
-                                f"outside the thread blocks; one kernel needs them in the grid")
+                                f"outside the thread blocks; one kernel needs them in the grid: "
+                                f"make them parallel over the core level too (for the default "
+                                f"conv2d schedule: knob parallel_axes='n_oh_co')")
         t = model.tile_of(schedule, model.planned_instruction(m, schedule.op))
         threads = 32 * t.warps
         if threads > int(m.params["max_threads_per_block"]):
