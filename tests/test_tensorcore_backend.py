@@ -336,11 +336,11 @@ def test_bert_dense_tiles_fill_the_sms(n, k):
 def test_search_refuses_what_the_lowering_cannot_build():
     """Serial loops outside the grid and WMMA epilogue tiles over 48 KiB of static shared
     memory are refused by the back end's check, so the search never picks them."""
-    op = tsl.ops.matmul(4096, 4096, 4096, dtype="int8")
-    knobs = {"k_inner": 8, "m_inner": 4, "m_outer": 2, "n_inner": 4, "n_outer": 4,
+    op = tsl.ops.matmul(4096, 4096, 4096, dtype="float16")  # WMMA on sm_90's warp path
+    knobs = {"k_inner": 2, "m_inner": 4, "m_outer": 2, "n_inner": 4, "n_outer": 4,
              "outer": "m", "stages": 2}
-    s = record_fixed(op, tsl.load_machine("tensorcore-sm80"),
-                                      tsl.schedules.schedule_gemm, knobs)
+    s = record_fixed(op, tsl.load_machine("tensorcore-sm90"), tsl.schedules.schedule_gemm,
+                     knobs)
     with pytest.raises(tsl.ScheduleError, match="static shared memory"):
         backend.check(s)
     conv = tsl.ops.conv2d(8, 64, 56, 56, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")
