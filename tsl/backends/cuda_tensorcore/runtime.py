@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
 
 from ...artifact import Artifact
 from ...errors import BackendUnavailable, LoweringError
