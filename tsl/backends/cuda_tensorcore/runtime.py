@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-
 from ...artifact import Artifact
 from ...errors import BackendUnavailable, LoweringError
 from ...model import Estimate
