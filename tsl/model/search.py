@@ -225,7 +225,8 @@ def explain(s: Schedule, top: int = 5) -> str:
         knobs = ", ".join(f"{k}={v!r}" for k, v in sorted(c.knobs.items())
                           if k not in choice.fixed)
         levels = ", ".join(f"{lv} {t * 1e6:.1f}" for lv, t in e.level_seconds.items())
+        levels = f", {levels} us" if levels else ""
         lines.append(f" {n}. {e.seconds * 1e6:10.1f} us ({e.seconds / best:.2f}x)  bound by "
-                     f"{e.bound}: compute {e.compute_seconds * 1e6:.1f} us, {levels} us"
+                     f"{e.bound}: compute {e.compute_seconds * 1e6:.1f} us{levels}"
                      f"; {100 * e.utilization:.0f}% of peak\n      {knobs}")
     return "\n".join(lines)
