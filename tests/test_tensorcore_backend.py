@@ -207,7 +207,7 @@ def test_conv2d_tiles_over_shared_memory_are_a_schedule_error():
     # The TSL footprints fit; the int8 window tile, whose 16-byte fragment rows are padded to
     # 32 bytes, does not: refused on the lowered TIR, before any CUDA is generated.
     op = tsl.ops.conv2d(1, 256, 28, 28, 128, 3, 3, padding=1, layout="NHWC", dtype="int8")
-    knobs = {"ci_inner": 4, "w_inner": 2, "co_inner": 8}
+    knobs = {"ci_inner": 2, "w_inner": 2, "co_inner": 8}  # 64 channels: 2 x 32-deep int8
     tsl.schedule(op, "tensorcore-sm80", knobs=knobs)
     with pytest.raises(tsl.ScheduleError, match="does not fit tensorcore-sm80: shared memory"):
         tsl.build(op, "tensorcore-sm80", knobs=knobs)
