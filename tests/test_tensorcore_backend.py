@@ -14,6 +14,7 @@ import tsl
 from tsl.backends.cuda_tensorcore.hopper import HopperArtifact
 import wmma_emulator
 from tsl.backends.cuda_tensorcore import backend, codegen, runtime
+from tsl.model.search import record_fixed
 
 ARCHS = ("sm_80", "sm_90")
 needs_nvcc = pytest.mark.skipif(codegen.nvcc() is None, reason="nvcc not found")
@@ -70,7 +71,9 @@ def uses_mma(art) -> bool:
 def built(name: str, machine: str = "tensorcore-sm90"):
     if name in SUITE:
         return tsl.build(SUITE[name](), target=machine, knobs=WARPS_2X2)
-    return tsl.build(CONV[name](), target=machine)
+    # Two stages: these small layers have one reduction step, where the model rightly
+    # prefers no pipeline; the tests are about the cp.async copies of a pipelined one.
+    return tsl.build(CONV[name](), target=machine, knobs={"stages": 2})
 
 
 @pytest.mark.parametrize("name,sms,smem,peak", [("tensorcore-sm80", 108, 163 * 1024, 3.119e14),
@@ -83,7 +86,9 @@ def test_tam_files(name, sms, smem, peak):
     assert m.peak("float16") == peak and m.peak("int8") == 2 * peak
     for dt, acc in (("float16", "float32"), ("bfloat16", "float32"), ("int8", "int32")):
         p = m.primitive(dt)
-        assert p.shape == (16, 16, 16) and p.acc_dtype == acc
+        # sm_80's int8 primitive is mma.sync's 32-deep one (two m16n8k32 per 16x16x32)
+        deep = 32 if dt == "int8" and name == "tensorcore-sm80" else 16
+        assert p.shape == (16, 16, deep) and p.acc_dtype == acc
     assert m.params["cp_async"] and m.params["mma_shapes"]["tf32"] == "m16n8k8"
     assert bool(m.params.get("mma_sync")) == (name == "tensorcore-sm80")
 
@@ -202,7 +207,7 @@ def test_conv2d_tiles_over_shared_memory_are_a_schedule_error():
     # The TSL footprints fit; the int8 window tile, whose 16-byte fragment rows are padded to
     # 32 bytes, does not: refused on the lowered TIR, before any CUDA is generated.
     op = tsl.ops.conv2d(1, 256, 28, 28, 128, 3, 3, padding=1, layout="NHWC", dtype="int8")
-    knobs = {"ci_inner": 4, "w_inner": 2, "co_inner": 8}
+    knobs = {"ci_inner": 2, "w_inner": 2, "co_inner": 8}  # 64 channels: 2 x 32-deep int8
     tsl.schedule(op, "tensorcore-sm80", knobs=knobs)
     with pytest.raises(tsl.ScheduleError, match="does not fit tensorcore-sm80: shared memory"):
         tsl.build(op, "tensorcore-sm80", knobs=knobs)
@@ -210,7 +215,9 @@ def test_conv2d_tiles_over_shared_memory_are_a_schedule_error():
 
 def test_conv2d_serial_loops_outside_the_grid_are_refused():
     op = tsl.ops.conv2d(1, 32, 8, 8, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")
-    with pytest.raises(tsl.LoweringError, match="parallel_axes='n_oh_co'"):
+    # Refused by the back end's check (the knob search skips such settings), not after
+    # lowering.
+    with pytest.raises(tsl.ScheduleError, match="parallel_axes='n_oh_co'"):
         tsl.build(op, "tensorcore-sm90", knobs={"parallel_axes": "co", "h_inner": 1})
 
 
@@ -277,6 +284,71 @@ def test_model_terms_follow_instruction_occupancy_and_bandwidth():
     with pytest.raises(tsl.TAMError, match="instruction_rate"):
         model.model(tsl.load_machine("tensorcore-sm80"), replace(tile, instruction="wgmma"),
                     flops, flops, 1, 1e8, "float16")
+
+
+def _chosen(op, machine="tensorcore-sm80"):
+    from tsl.backends.cuda_tensorcore import model
+
+    s = tsl.schedule(op, machine)
+    mod, occ = model.price(s)
+    return s, model.tile_of(s, mod.instruction), mod, occ
+
+
+def test_knob_search_prices_warps_by_the_back_ends_model():
+    """The search's price of a schedule is this back end's model (not the generic model of
+    staged tiles, which gives warps no throughput): for a large fp16 GEMM it picks a
+    128 x 256 (or 256 x 128) block of 8 warps, each a 64 x 64 accumulator tile, pipelined."""
+    from tsl.backends.cuda_tensorcore import model
+
+    s, t, mod, occ = _chosen(tsl.ops.matmul(4096, 4096, 4096, dtype="float16"))
+    assert {t.block_m, t.block_n} == {128, 256} and t.warps == 8, t
+    assert (t.warp_m, t.warp_n) == (64, 64) and t.stages >= 2 and mod.instruction == "mma_sync"
+    assert tsl.model.evaluate(s).seconds == pytest.approx(mod.seconds)
+    # Blocks of one warp (the same accumulator tile): as many blocks as fit on an SM do not
+    # make up for it (more L2 traffic per MAC, fewer warps per scheduler).
+    one = record_fixed(s.op, s.machine, s.choice.fn, {
+        **s.knob_values, "m_outer": 1, "n_outer": 1})
+    assert model.price(one)[0].seconds > 1.5 * mod.seconds
+    # Unpipelined, every k-step waits for its copy.
+    flat = record_fixed(s.op, s.machine, s.choice.fn, {
+        **s.knob_values, "stages": 1})
+    assert model.price(flat)[0].exposed_cycles["copy wait"] > 0
+    assert model.price(flat)[0].seconds > mod.seconds
+
+
+@pytest.mark.parametrize("n,k", [(768, 768), (3072, 768), (768, 3072)])
+def test_bert_dense_tiles_fill_the_sms(n, k):
+    """Wave quantization is priced: a 128 x 256 tile would give a BERT-base dense 3 .. 12
+    blocks on 108 SMs; the model picks tiles that give most SMs a block, and prices the
+    large tile slower."""
+    from tsl.backends.cuda_tensorcore import model
+
+    op = tsl.ops.dense(128, n, k, dtype="float16")
+    s, t, mod, occ = _chosen(op)
+    sms = s.machine.cores()
+    assert t.blocks >= sms * 2 // 3 and mod.waves <= 1, (t, mod.waves)
+    big = record_fixed(op, s.machine, s.choice.fn, {
+        **s.knob_values, "m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2})
+    big_model = model.price(big)[0]
+    assert big_model.waves * sms <= 12 and big_model.seconds > mod.seconds
+
+
+def test_search_refuses_what_the_lowering_cannot_build():
+    """Serial loops outside the grid and WMMA epilogue tiles over 48 KiB of static shared
+    memory are refused by the back end's check, so the search never picks them."""
+    op = tsl.ops.matmul(4096, 4096, 4096, dtype="float16")  # WMMA on sm_90's warp path
+    knobs = {"k_inner": 2, "m_inner": 4, "m_outer": 2, "n_inner": 4, "n_outer": 4,
+             "outer": "m", "stages": 2}
+    s = record_fixed(op, tsl.load_machine("tensorcore-sm90"), tsl.schedules.schedule_gemm,
+                     knobs)
+    with pytest.raises(tsl.ScheduleError, match="static shared memory"):
+        backend.check(s)
+    conv = tsl.ops.conv2d(8, 64, 56, 56, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")
+    s = record_fixed(conv, tsl.load_machine("tensorcore-sm80"), tsl.schedules.schedule_conv2d,
+                     {"parallel_axes": "co", "co_outer": 1, "co_inner": 2, "w_inner": 2,
+                      "h_inner": 1, "ci_inner": 2, "reduce_rows": False, "stages": 2})
+    with pytest.raises(tsl.ScheduleError, match="serially"):
+        backend.check(s)
 
 
 def test_suite():
@@ -381,7 +453,8 @@ def test_numerics_on_gpu(name):
 
 # -- sm_80: ldmatrix + mma.sync ------------------------------------------------------------------
 # The fp16 / bf16 GEMM family on sm_80, on shapes that are not multiples of the tile (the core
-# pads them), with the default knobs, 4 warps, and 8 warps of a 128x256 block tile through a
+# pads them), with the default knobs (pipelined: with one or two reduction steps the model
+# would rightly pipeline nothing), 4 warps, and 8 warps of a 128x256 block tile through a
 # 4-stage pipeline.
 MMA = {
     "matmul-f16-ragged": (lambda: tsl.ops.matmul(72, 100, 80, dtype="float16"),
@@ -389,11 +462,20 @@ MMA = {
                            "k_inner": 2}),
     "dense-f16-bias-relu": (lambda: tsl.ops.dense(40, 96, 64, dtype="float16",
                                                   epilogue=tsl.ops.bias() + tsl.ops.relu()),
-                            None),
-    "batch_matmul-bf16": (lambda: tsl.ops.batch_matmul(2, 48, 64, 96, dtype="bfloat16"), None),
+                            {"stages": 2}),
+    "batch_matmul-bf16": (lambda: tsl.ops.batch_matmul(2, 48, 64, 96, dtype="bfloat16"),
+                          {"stages": 2}),
     "matmul-bf16-128x256-8warps-4stages": (
         lambda: tsl.ops.matmul(128, 256, 160, dtype="bfloat16"),
         {"m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2, "stages": 4}),
+    # int8 -> int32 on mma.sync.m16n8k32: B as [K, N] has no 8-bit ldmatrix.trans (each lane
+    # gathers its bytes, tsl_lds4); B as [N, K] is loaded with ldmatrix like A.
+    "matmul-s8-ragged": (lambda: tsl.ops.matmul(72, 100, 80, dtype="int8"),
+                         {"m_inner": 2, "n_inner": 2, "m_outer": 2, "n_outer": 2,
+                          "k_inner": 2}),
+    "dense-s8-ragged": (lambda: tsl.ops.dense(40, 48, 96, dtype="int8"),
+                        {"m_inner": 2, "n_inner": 2, "m_outer": 2, "n_outer": 2,
+                         "k_inner": 2, "stages": 2}),
 }
 
 
@@ -409,10 +491,14 @@ def test_mma_sync_source(name):
     tile, no barrier after the main loop), two fp32 per lane and store."""
     art = built80(name)
     src = art.source()
-    assert "mma.sync.aligned.m16n8k16.row.col.f32" in src and "ldmatrix.sync.aligned" in src
+    mma = ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" if art.op.dtype == "int8"
+           else "mma.sync.aligned.m16n8k16.row.col.f32")
+    assert mma in src and "ldmatrix.sync.aligned" in src
     assert "nvcuda::wmma::mma_sync" not in src and art.kernel.static_shared_bytes == 0
-    assert re.search(r"\*\(float2\*\)\((C|out)_ptr \+", src)
+    assert re.search(r"\*\((float|int)2\*\)\((C|out)_ptr \+", src)
     assert "cp.async" in src
+    # B as [K, N] of 8-bit elements: gathered by the lanes (no ldmatrix.trans for b8)
+    assert ("tsl_lds4(" in src) == (art.op.dtype == "int8" and art.op.name == "matmul")
     if "8warps" in name:
         assert art.kernel.block == (32, 8, 1)
         assert len(wmma_emulator.WAIT.findall(src)) >= 3   # wait_group 2, 1, 0: four stages
@@ -420,7 +506,8 @@ def test_mma_sync_source(name):
 
 # Emulated (about 15 s each): every path once; batch_matmul-bf16 runs the 8-warp case's
 # bf16 mma.sync and the ragged case's loads, its source is checked above.
-EMULATED = ("matmul-f16-ragged", "dense-f16-bias-relu", "matmul-bf16-128x256-8warps-4stages")
+EMULATED = ("matmul-f16-ragged", "dense-f16-bias-relu", "matmul-bf16-128x256-8warps-4stages",
+            "matmul-s8-ragged", "dense-s8-ragged")
 
 
 @needs_gxx
@@ -428,8 +515,25 @@ EMULATED = ("matmul-f16-ragged", "dense-f16-bias-relu", "matmul-bf16-128x256-8wa
 def test_mma_sync_numerics_emulated(name):
     """The kernel run lane by lane: ldmatrix, mma.sync and the shuffles exchange registers
     between the 32 threads of a warp as the PTX ISA lays them out."""
-    ok, err = wmma_emulator.verify(built80(name), seed=7)
-    assert ok, err
+    art = built80(name)
+    if art.op.dtype == "int8":  # full-range operands: every product and sum is exact
+        xs = [x for x in art.op.random_inputs(7) if x.dtype == np.int8]
+        assert len(xs) == 2 and all(x.min() == -128 and x.max() == 127 for x in xs)
+    ok, err = wmma_emulator.verify(art, seed=7)
+    assert ok and err == 0 if art.op.dtype == "int8" else ok, err
+
+
+@needs_gxx
+def test_int8_conv2d_on_sm80_issues_two_wmma_per_32_deep_step():
+    """sm_80's int8 primitive is 32 deep (mma.sync m16n8k32); conv2d stays on WMMA, which is
+    16 deep: two wmma.mma_sync per step, exact against NumPy (channels not a multiple of 32,
+    stride 2)."""
+    op = tsl.ops.conv2d(1, 24, 14, 14, 40, 3, 3, stride=2, padding=1, layout="NHWC",
+                        dtype="int8")
+    art = tsl.build(op, "tensorcore-sm80", knobs={"stages": 2})
+    assert art.schedule.primitive.k == 32 and art.source().count("wmma::mma_sync") == 2
+    ok, err = wmma_emulator.verify(art, seed=5)
+    assert ok and err == 0, err
 
 
 # Wrong lane mappings, each made in the generated CUDA: the emulator must fail them.

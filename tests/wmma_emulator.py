@@ -353,6 +353,7 @@ inline void emu_thread_end() {
 }
 """
 
+_PLAIN_HELPER = re.compile(r"^__device__ __forceinline__ void tsl_lds4\(.*?^\}$", re.M | re.S)
 _HELPER = re.compile(r"__device__ void (ptx_cp_async_legacy_(pred_)?c[ag]_(\d+)_(\d+)_(\d+))\(")
 _ASYNC = re.compile(r"__device__ void (tvm_builtin_ptx_cp_async_\w+)\(\) \{\s*"
                     r"asm volatile\(\"cp\.async\.(commit_group|wait_group (\d+));")
@@ -434,6 +435,8 @@ def _program(source: str, name: str, params) -> str:
     for fn, what, n in _ASYNC.findall(prelude):
         call = "emu_commit_group()" if what == "commit_group" else f"emu_wait_group({n})"
         lines.append(f"inline void {fn}() {{ {call}; }}")
+    # Plain C++ helpers of the back end's prelude (codegen._LDS4) run as they are.
+    lines += [m[0] for m in _PLAIN_HELPER.finditer(prelude)]
     kernel = _warp_asm(kernel)
     kernel = re.sub(r"extern __shared__ __align__\(\d+\) uchar (\w+)\[\];",
                     r"uchar* \1 = emu_dyn_base();", kernel)

@@ -503,7 +503,8 @@ class Program:
     the cycles of its compute on the busiest unit (the tensor primitive's time with the back
     end's fixed costs, e.g. a systolic array's fill per block, and its vector work), the
     MACs the primitive executes (padding included), and cycles spent in series with all of
-    it (per-step overhead, pipeline bubbles)."""
+    it (per-step overhead, pipeline bubbles). `bound`: what limits it, where the back end's
+    own model knows better than the transfers it lists (default: the slowest path)."""
 
     transfers: tuple
     compute_cycles: float
@@ -511,6 +512,7 @@ class Program:
     serial_cycles: float = 0.0
     notes: tuple = ()
     detail: dict = field(default_factory=dict)
+    bound: str = ""
 
 
 _PROGRAMS: dict[str, Callable] = {}
@@ -581,6 +583,7 @@ def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None
     else:
         cycles, bound = _overlapped(comp, overlap, hidden, serial, prologue, level_cycles)
         cycles += launches
+        bound = program.bound if program is not None and program.bound else bound
     if program is None and launches > 0.1 * cycles:
         cnotes.append(f"starting parallel instances: {launches / clock * 1e6:.1f} us")
     peak = (m.peak(s.op.dtype) or 0.0) / 2  # the file's peak is in operations, a MAC is two

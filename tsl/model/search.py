@@ -7,8 +7,8 @@ candidate is evaluated by recording the schedule function again with all its kno
 a candidate that does not fit the machine raises ScheduleError and is dropped. The space is
 searched exhaustively when it is small; otherwise from the best of a random sample, by
 coordinate descent (every value of one knob at a time, from the space the current best
-records; a move that does not fit is retried with one other knob a step smaller) until no
-knob improves.
+records; a move that does not fit is retried with one other knob a step smaller; then every
+change of two integer knobs that keeps their product) until no move improves.
 """
 
 from __future__ import annotations
@@ -99,9 +99,27 @@ class _Search:
                     c = self.move(best, name, v)
                     if c is not None and c.estimate.seconds < best.estimate.seconds * (1 - 1e-9):
                         best, moved = c, True
+            for c in self.trades(best):
+                if c.estimate.seconds < best.estimate.seconds * (1 - 1e-9):
+                    best, moved = c, True
             if not moved:
                 break
         return best
+
+    def trades(self, best: Candidate):
+        """`best` with two numeric knobs changed so that their product stays: a tile traded
+        between levels or axes (a warp tile of 128 x 32 for 64 x 64 in the same block), which
+        moving one knob at a time cannot reach when each move alone is worse."""
+        space = best.schedule.space
+        names = [n for n in sorted(space) if n not in self.fixed and n in best.knobs
+                 and all(type(v) is int and v > 0 for v in space[n])]
+        for a, b in itertools.combinations(names, 2):
+            product = best.knobs[a] * best.knobs[b]
+            for v in space[a]:
+                if v != best.knobs[a] and product % v == 0 and product // v in space[b]:
+                    c = self.price({**best.knobs, a: v, b: product // v})
+                    if c is not None:
+                        yield c
 
     def move(self, best: Candidate, name: str, value) -> Candidate | None:
         """`best` with knob `name` at `value`; when that does not fit, the best of the same
@@ -207,7 +225,8 @@ def explain(s: Schedule, top: int = 5) -> str:
         knobs = ", ".join(f"{k}={v!r}" for k, v in sorted(c.knobs.items())
                           if k not in choice.fixed)
         levels = ", ".join(f"{lv} {t * 1e6:.1f}" for lv, t in e.level_seconds.items())
+        levels = f", {levels} us" if levels else ""
         lines.append(f" {n}. {e.seconds * 1e6:10.1f} us ({e.seconds / best:.2f}x)  bound by "
-                     f"{e.bound}: compute {e.compute_seconds * 1e6:.1f} us, {levels} us"
+                     f"{e.bound}: compute {e.compute_seconds * 1e6:.1f} us{levels}"
                      f"; {100 * e.utilization:.0f}% of peak\n      {knobs}")
     return "\n".join(lines)

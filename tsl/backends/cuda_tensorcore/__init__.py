@@ -1,8 +1,8 @@
 """The Tensor Core back end: WMMA m16n16k16 (fp16/bf16 -> fp32, int8 -> int32) through TVM's CUDA
 code generator, shared-memory staging with cp.async pipelining, PTX/cubin through nvcc. Where
 the machine file sets `mma_sync` (sm_80) the fp16/bf16 GEMMs use ldmatrix + mma.sync m16n8k16
-from swizzled shared memory (lowering.py); on sm_90 the fp16/bf16 GEMMs of the default schedule
-are a TMA + wgmma kernel for sm_90a (hopper.py).
+from swizzled shared memory, the int8 GEMMs mma.sync m16n8k32 (lowering.py); on sm_90 the
+fp16/bf16 GEMMs of the default schedule are a TMA + wgmma kernel for sm_90a (hopper.py).
 
 Building needs no GPU (nor nvcc: the CUDA source is TVM's); `.ptx()`, `.resources()` and
 `.export()` need nvcc; `.run()` needs an NVIDIA GPU and CuPy.
@@ -11,9 +11,10 @@ Building needs no GPU (nor nvcc: the CUDA source is TVM's); `.ptx()`, `.resource
 from __future__ import annotations
 
 from ...backend import Backend
+from ...errors import ScheduleError
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
-from . import codegen, hopper
+from . import codegen, hopper, model
 from .lowering import TensorCoreLowering
 from .runtime import TensorCoreArtifact
 
@@ -33,6 +34,39 @@ class TensorCoreBackend(Backend):
             return hopper.build(schedule)
         ctx = lower(schedule, TensorCoreLowering(schedule.machine, schedule.primitive))
         return TensorCoreArtifact(schedule, ctx, codegen.generate(ctx.sch.mod, schedule.machine))
+
+    def check(self, schedule) -> None:
+        """Refuse (ScheduleError) what the lowering cannot build: serial loops outside the
+        grid, a block with more threads than a block may have, a WMMA epilogue tile over the
+        static shared memory limit, or a block the model's registers per thread would not let
+        onto an SM at all."""
+        m = schedule.machine
+        loops = schedule.loops
+        first = next((i for i, lp in enumerate(loops) if lp.parallel), len(loops))
+        serial = [lp.name for lp in loops[:first] if lp.extent > 1]
+        if serial:  # the lowering refuses it too (_bind_parallel), after minutes of work
+            raise ScheduleError(f"{schedule.op} on {m.name}: loops {serial} run serially "
+                                f"outside the thread blocks; one kernel needs them in the grid: "
+                                f"make them parallel over the core level too (for the default "
+                                f"conv2d schedule: knob parallel_axes='n_oh_co')")
+        t = model.tile_of(schedule, model.planned_instruction(m, schedule.op))
+        threads = 32 * t.warps
+        if threads > int(m.params["max_threads_per_block"]):
+            raise ScheduleError(f"{schedule.op} on {m.name}: {t.warps} warps per block "
+                                f"({threads} threads) exceed the {m.params['max_threads_per_block']}"
+                                f" a block may have; use smaller m_outer / n_outer")
+        static = model.epilogue_shared_bytes(t)
+        if static > model.STATIC_SHARED_MAX:
+            raise ScheduleError(f"{schedule.op} on {m.name}: the WMMA epilogue's shared tile "
+                                f"({static} B over {t.warps} warps) exceeds the "
+                                f"{model.STATIC_SHARED_MAX} B of static shared memory a kernel "
+                                f"may have; use fewer warps (m_outer / n_outer)")
+        regs = model.registers(t)
+        if regs * threads > int(m.params["registers_per_sm"]):
+            raise ScheduleError(f"{schedule.op} on {m.name}: {threads} threads x {regs} "
+                                f"registers (modelled) exceed the SM's "
+                                f"{m.params['registers_per_sm']}; use fewer warps or smaller "
+                                f"accumulator tiles")
 
     def suite(self, quick: bool) -> list:
         """fp16 GEMMs (large, and BERT-base's at sequence 128), bf16 and int8 GEMMs, a ResNet

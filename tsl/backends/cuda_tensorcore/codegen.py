@@ -99,10 +99,25 @@ __device__ __forceinline__ void tsl_load_shared(F& f, const T* p, unsigned ldm) 
 """
 
 
+# One 32-bit register of an 8-bit mma.sync B fragment from four bytes of a [K, N] shared
+# tile, k to k + 3 of one column (intrinsics._lds_b): one store of the register, so that the
+# fragment array stays in registers (byte stores would put it in local memory).
+_LDS4 = r"""
+__device__ __forceinline__ void tsl_lds4(signed char* warp, int offset, const signed char* p,
+                                         int stride) {
+  *reinterpret_cast<unsigned*>(warp + offset) =
+      (unsigned)(unsigned char)p[0] | (unsigned)(unsigned char)p[stride] << 8 |
+      (unsigned)(unsigned char)p[2 * stride] << 16 | (unsigned)(unsigned char)p[3 * stride] << 24;
+}
+"""
+
+
 def shared_loads(source: str) -> str:
-    """`source` with its fragment loads through tsl_load_shared (see _BF16_LOAD)."""
+    """`source` with its fragment loads through tsl_load_shared (see _BF16_LOAD), and the
+    helpers it calls (_LDS4)."""
     start = source.index('extern "C" __global__')
-    return (source[:start] + _BF16_LOAD + source[start:].replace(
+    helpers = _BF16_LOAD + (_LDS4 if "tsl_lds4(" in source else "")
+    return (source[:start] + helpers + source[start:].replace(
         "nvcuda::wmma::load_matrix_sync(", "tsl_load_shared("))
 
 

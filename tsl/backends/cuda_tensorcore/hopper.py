@@ -33,7 +33,7 @@ from ...errors import BackendUnavailable, LoweringError
 from ...model import Estimate
 from . import codegen, export, model
 from . import hopper_layout as L
-from .runtime import Roofline, TensorCoreArtifact, gpu_missing
+from .runtime import TensorCoreArtifact, gpu_missing, roofline_estimate
 
 ARCH = "sm_90a"  # wgmma and setmaxnreg exist only in the arch-specific target
 BLOCKS = ((128, 256), (128, 128), (64, 128), (64, 64))  # (BM, BN), best first
@@ -237,30 +237,17 @@ class HopperArtifact(TensorCoreArtifact):
             regs, src = self.resources()["registers"], "ptxas"
         except BackendUnavailable:
             regs, src = 168, "launch bound"  # what ptxas gives 384 threads
-        per_sm = max(1, min(int(m.params["smem_per_sm"]) // (k.shared_bytes + 1024),
-                            int(m.params["max_warps_per_sm"]) // (p.threads // 32)))
+        occ = model.occupancy(m, p.threads, regs, k.shared_bytes, src)
         consumers = p.block_m // L.WGMMA_M
         tile = model.Tile(block_m=p.block_m, block_n=p.block_n, block_k=L.BLOCK_K,
                           k_steps=math.ceil(p.k / L.BLOCK_K), warps=4 * consumers,
                           warp_m=16, warp_n=p.block_n // 4, stages=p.stages, blocks=p.tiles,
                           in_bytes=2, acc_bytes=4, instruction="wgmma")
-        hbm = self._hbm(per_sm * m.cores())
-        flops = 2.0 * self.op.macs
+        hbm = self._hbm(occ.blocks_per_sm * m.cores())
         padded = 2.0 * math.ceil(p.m / p.block_m) * p.block_m * math.ceil(
             p.n / p.block_n) * p.block_n * math.ceil(p.k / L.BLOCK_K) * L.BLOCK_K
-        mod = model.model(m, tile, flops, padded, per_sm, hbm, p.dtype)
-        r = Roofline(m.name, flops, padded, m.peak(p.dtype), float(m.params["hbm_bytes_per_s"]),
-                     hbm, p.tiles, p.threads, k.shared_bytes, regs, src, per_sm, m.cores(),
-                     int(m.params["max_warps_per_sm"]), mod)
-        return Estimate(r.seconds, kind="model", machine=m.name, clock_hz=m.clock_hz,
-                        bound=mod.limiter, macs=self.op.macs, padded_macs=padded / 2,
-                        peak_macs_per_s=r.peak / 2, compute_seconds=r.compute_seconds,
-                        traffic={"hbm": hbm}, level_seconds={"hbm": r.memory_seconds},
-                        detail={"roofline": r, "model": mod, "flops": flops, "peak": r.peak,
-                                "upper_bound_seconds": r.upper_bound_seconds,
-                                "occupancy": r.occupancy, "registers": regs,
-                                "shared_bytes": k.shared_bytes, "blocks_per_sm": per_sm,
-                                "waves": r.waves})
+        mod = model.model(m, tile, 2.0 * self.op.macs, padded, occ.blocks_per_sm, hbm, p.dtype)
+        return roofline_estimate(m, self.op.macs, mod, occ)
 
     def _hbm(self, resident: int) -> int:
         """HBM bytes: a wave of `resident` tiles (tile index m-fastest) reads the A row

@@ -126,26 +126,34 @@ def _store(dtype: str, scope: str):
     return desc, impl
 
 
-def _sync(in_dtype: str, acc_dtype: str, b_trans: bool):
+def _sync(in_dtype: str, acc_dtype: str, b_trans: bool, k: int = K):
+    """C[16, 16] += A[16, k] B[k, 16] (B[16, k] when `b_trans`) as k / 16 wmma.mma_sync: WMMA
+    is 16 deep for every type, a 32-deep primitive (int8 on sm_80) is two of it, on the
+    fragments side by side along k."""
     from tvm.script import tirx as T
 
-    def b_at(B, k, j):
-        return B[j, k] if b_trans else B[k, j]
+    a_shape, b_shape = (16, k), ((16, k) if b_trans else (k, 16))
+
+    def b_at(B, kk, j):
+        return B[j, kk] if b_trans else B[kk, j]
+
+    def b_next(stride):  # fragments from one 16-deep half of B to the next
+        return 1 if b_trans else stride // 16
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (16, 16), in_dtype, align=64, offset_factor=16,
+        A = T.match_buffer(a, a_shape, in_dtype, align=64, offset_factor=16,
                            scope="wmma.matrix_a")
-        B = T.match_buffer(b, (16, 16), in_dtype, align=64, offset_factor=16,
+        B = T.match_buffer(b, b_shape, in_dtype, align=64, offset_factor=16,
                            scope="wmma.matrix_b")
         C = T.match_buffer(c, (16, 16), acc_dtype, align=64, offset_factor=16,
                            scope="wmma.accumulator")
         with T.sblock("root"):
-            T.reads(C[0:16, 0:16], A[0:16, 0:16], B[0:16, 0:16])
+            T.reads(C[0:16, 0:16], A[0:a_shape[0], 0:a_shape[1]], B[0:b_shape[0], 0:b_shape[1]])
             T.writes(C[0:16, 0:16])
-            for i, j, k in T.grid(16, 16, 16):
+            for i, j, kk in T.grid(16, 16, k):
                 with T.sblock(""):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
                     C[vi, vj] = C[vi, vj] + T.Cast(acc_dtype, A[vi, vk]) * T.Cast(
                         acc_dtype, b_at(B, vk, vj))
 
@@ -157,19 +165,21 @@ def _sync(in_dtype: str, acc_dtype: str, b_trans: bool):
         b0 = T.int32()
         c1 = T.int32()
         c0 = T.int32()
-        A = T.match_buffer(a, (16, 16), in_dtype, align=64, offset_factor=16,
+        A = T.match_buffer(a, a_shape, in_dtype, align=64, offset_factor=16,
                            scope="wmma.matrix_a", strides=[a1, a0])
-        B = T.match_buffer(b, (16, 16), in_dtype, align=64, offset_factor=16,
+        B = T.match_buffer(b, b_shape, in_dtype, align=64, offset_factor=16,
                            scope="wmma.matrix_b", strides=[b1, b0])
         C = T.match_buffer(c, (16, 16), acc_dtype, align=64, offset_factor=16,
                            scope="wmma.accumulator", strides=[c1, c0])
         with T.sblock("root"):
-            T.reads(C[0:16, 0:16], A[0:16, 0:16], B[0:16, 0:16])
+            T.reads(C[0:16, 0:16], A[0:a_shape[0], 0:a_shape[1]], B[0:b_shape[0], 0:b_shape[1]])
             T.writes(C[0:16, 0:16])
-            T.evaluate(T.tvm_mma_sync(C.data, _frag_index(C, c1, 16, 16),
-                                      A.data, _frag_index(A, a1, 16, 16),
-                                      B.data, _frag_index(B, b1, 16, 16),
-                                      C.data, _frag_index(C, c1, 16, 16), dtype="void"))
+            for h in T.unroll(k // K):
+                T.evaluate(T.tvm_mma_sync(
+                    C.data, _frag_index(C, c1, 16, 16),
+                    A.data, _frag_index(A, a1, 16, 16) + h,
+                    B.data, _frag_index(B, b1, 16, 16) + h * b_next(b1),
+                    C.data, _frag_index(C, c1, 16, 16), dtype="void"))
 
     return desc, impl
 
@@ -281,6 +291,64 @@ def _ldmatrix(dtype: str, scope: str, operand: str, trans: bool):
     return desc, impl
 
 
+def _lds_b(dtype: str, scope: str):
+    """B's k x 16 tile given as [K, N], for an 8-bit mma.sync (ldmatrix has no transposing
+    form for 8-bit elements): each lane gathers its own registers, four bytes of one column
+    (k, k + 1, k + 2, k + 3) per register, with plain shared-memory loads packed into one
+    32-bit store (`tsl_lds4`, codegen.py: stored byte by byte, the registers would live in
+    local memory). Register r of lane t holds lane_b's elements 4r .. 4r + 3 of it."""
+    from tvm.runtime import convert
+    from tvm.script import tirx as T
+
+    k = mma_k(dtype)
+    local = 16 * k // 32
+    v = k // 8
+
+    def column(tx, e):  # the inverse of lane_b
+        return 8 * (e // (2 * v)) + tx // 4
+
+    def row(tx, e):
+        return 4 * v * (e % (2 * v) // v) + v * (tx % 4) + e % v
+
+    @T.prim_func(s_tir=True)
+    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        shared = T.match_buffer(shared_handle, (k, 16), dtype, align=64, offset_factor=16,
+                                scope=scope)
+        warp = T.match_buffer(warp_handle, (32, local), dtype, align=64, offset_factor=16,
+                              scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:k, 0:16])
+            T.writes(warp[0:32, 0:local])
+            for ax0, ax1 in T.grid(k, 16):
+                with T.sblock("shared_warp"):
+                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                    T.reads(shared[v0, v1])
+                    t, r = T.meta_var(lane_b(v1, v0, k))
+                    T.writes(warp[t, r])
+                    warp[t, r] = shared[v0, v1]
+
+    @T.prim_func(s_tir=True)
+    def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        s0 = T.int32()
+        s1 = T.int32()
+        shared = T.match_buffer(shared_handle, (k, 16), dtype, align=64, offset_factor=16,
+                                scope=scope, strides=[s0, s1])
+        warp = T.match_buffer(warp_handle, (32, local), dtype, align=64, offset_factor=16,
+                              scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:k, 0:16])
+            T.writes(warp[0:32, 0:local])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                for r in T.unroll(local // 4):
+                    T.evaluate(T.call_extern(
+                        "void", "tsl_lds4", warp.data,
+                        warp.elem_offset + convert(local) * tx + 4 * r,
+                        shared.access_ptr("r", offset=row(tx, 4 * r) * s0
+                                          + column(tx, 4 * r) * s1), s0))
+
+    return desc, impl
+
+
 def _mma(in_dtype: str, acc_dtype: str):
     """C[16, 16] += A[16, k] B[k, 16] as two mma.sync.m16n8k{k} (n 0-7, then n 8-15), every
     operand in the warp's registers with the per-lane layouts above."""
@@ -365,13 +433,13 @@ def _mma_fill(acc_dtype: str):
 
 
 _MAKERS = {"load": _load, "fill": _fill, "store": _store, "sync": _sync,
-           "ldmatrix": _ldmatrix, "mma": _mma, "mma_fill": _mma_fill}
+           "ldmatrix": _ldmatrix, "lds_b": _lds_b, "mma": _mma, "mma_fill": _mma_fill}
 
 
 @cache
 def intrin(kind: str, *args) -> str:
     """The name of the registered intrinsic `kind` ("load", "fill", "store", "sync" for WMMA;
-    "ldmatrix", "mma", "mma_fill" for mma.sync) for `args` (see the makers above),
+    "ldmatrix", "lds_b", "mma", "mma_fill" for mma.sync) for `args` (see the makers above),
     registering it on first use."""
     from tvm import s_tir
 

@@ -13,15 +13,18 @@ Every staged A/B tile is stored "16-blocked": its innermost dimension x becomes 
 so each 16x16 fragment is one contiguous, 256-bit aligned block of shared memory. That is what
 wmma.load_matrix_sync needs (aligned pointer, ldm = 16) and it reads without bank conflicts.
 
-On a machine with `mma_sync` (sm_80) the fp16 / bf16 GEMM family takes another path:
+On a machine with `mma_sync` (sm_80) the fp16 / bf16 / int8 GEMM family takes another path:
 
     cache(X, "scratchpad")      -> a row-major shared.dyn tile, swizzled (TVM's
                                    InjectPermutedLayout: 16-byte block b of row r at b ^ r % 8)
     cache(X, "operand")         -> "warp" registers in mma.sync's per-lane layout, loaded with
-                                   ldmatrix.x4 (.trans for B given as [K, N])
+                                   ldmatrix.x4 (.trans for B given as [K, N]; 8-bit B given
+                                   as [K, N], which no ldmatrix transposes: gathered by each
+                                   lane, four bytes a register, intrinsics._lds_b)
     cache("C", "accumulator")   -> "warp" registers; the fused epilogue is computed by the
                                    store from them, two fp32 per lane as one 8-byte store
-    tensorize                   -> two mma.sync.m16n8k16 per 16x16x16 step
+    tensorize                   -> two mma.sync.m16n8k16 per 16x16x16 step (m16n8k32 per
+                                   16x16x32 step for int8)
 
 conv2d (NHWC data, RSCK weights) is an implicit GEMM: rows are output pixels, columns output
 channels, the reduction is (r, s, input channel). The weights' tile is staged like a GEMM's B.
@@ -39,7 +42,7 @@ from ...errors import LoweringError
 from ...lower import LowerContext, Lowering
 from ...primitives.schedule import Loop
 from ...tam.machine import dtype_bytes
-from . import intrinsics
+from . import intrinsics, model
 
 SHARED = "shared.dyn"
 VECTOR_BYTES = 16  # one cp.async / ld.global.v4 per thread
@@ -52,12 +55,11 @@ class TensorCoreLowering(Lowering):
         self.rows: dict[str, int] = {}  # operand -> elements in a row of its shared tile
 
     def uses_mma(self, op) -> bool:
-        """ldmatrix + mma.sync (machine param `mma_sync`) for the fp16 / bf16 GEMM family;
-        WMMA for conv2d (its shared tile is the kernel window, not a matrix ldmatrix can
-        address), for int8 (m16n8k32 needs a k-32 primitive in the TAM and B as [N, K]) and
-        where the machine does not ask for mma.sync."""
-        return (bool(self.machine.params.get("mma_sync")) and op.name != "conv2d"
-                and op.dtype in ("float16", "bfloat16"))
+        """ldmatrix + mma.sync (machine param `mma_sync`) for the fp16 / bf16 / int8 GEMM
+        family; WMMA for conv2d (its shared tile is the kernel window, not a matrix ldmatrix
+        can address) and where the machine does not ask for mma.sync (model.py says which:
+        the model prices the instruction the lowering emits)."""
+        return model.planned_instruction(self.machine, op) == "mma_sync"
 
     # -- staging ----------------------------------------------------------------------------
     def cache(self, ctx: LowerContext, stage) -> None:
@@ -203,7 +205,7 @@ class TensorCoreLowering(Lowering):
         _, frag, tile = _split16(sch, ctx.blocks["C_acc"])
         sch.reverse_compute_at(ctx.blocks["C_store"], frag, preserve_unit_loops=True)
         sch.tensorize(tile, intrinsics.intrin("store", acc, "shared"))
-        sch.tensorize(ctx.rv(loop), intrinsics.intrin("sync", dt, acc, b_col))
+        sch.tensorize(ctx.rv(loop), intrinsics.intrin("sync", dt, acc, b_col, prim.k))
 
     def _tensorize_mma(self, ctx: LowerContext, loop: Loop, init, b_col: bool) -> None:
         """Registers in mma.sync's per-lane layouts (intrinsics.lane_a / lane_b): every warp
@@ -236,8 +238,13 @@ class TensorCoreLowering(Lowering):
         for operand, trans in (("A", False), ("B", b_col)):
             frag = ctx.blocks[f"{operand}_frag"]
             rows, cols = (k, 16) if operand == "B" and not trans else (16, k)
-            loads.append(_tile(sch, frag, rows, cols,
-                               intrinsics.intrin("ldmatrix", dt, SHARED, operand, trans)))
+            if operand == "B" and not trans and dtype_bytes(dt) == 1:
+                # No 8-bit ldmatrix.trans: each lane loads its own bytes (not swizzled).
+                _tile(sch, frag, rows, cols, intrinsics.intrin("lds_b", dt, SHARED))
+                continue
+            loads.append((operand, _tile(sch, frag, rows, cols,
+                                         intrinsics.intrin("ldmatrix", dt, SHARED, operand,
+                                                           trans))))
         sch.tensorize(ctx.rv(loop), intrinsics.intrin("mma", dt, acc))
         ctx.blocks["ldmatrix"] = loads
         # The store: lane 4 * (i % 8) + j % 8 // 2 holds rows i, i + 8 and columns j, j + 1.
@@ -272,14 +279,17 @@ class TensorCoreLowering(Lowering):
             # rows of 32 elements or more, and a power of two of them: with rows of 96 the
             # XOR'ed index of a 16-byte vector is not seen to stay contiguous (the copy would
             # be scattered, no cp.async). Other tiles (a K or N of 16, k_inner = 6) stay
-            # unswizzled.
-            for operand, load in zip(("A", "B"), ctx.blocks["ldmatrix"]):
+            # unswizzled. So do int8 tiles: TVM's pass fails on 8-bit elements (their
+            # ldmatrix reads have bank conflicts; tsl_lds4's byte gathers anyway).
+            loads = dict(ctx.blocks["ldmatrix"])
+            for operand in ("A", "B"):
                 blk = ctx.blocks[f"{operand}_shared"]
                 _spread(sch, blk, warps, ctx.op.dtype)
                 row = self.rows[operand]
-                if row >= 32 and row & (row - 1) == 0:
+                if (operand in loads and dtype_bytes(ctx.op.dtype) == 2 and row >= 32
+                        and row & (row - 1) == 0):
                     sch.annotate(blk, "permuted_layout", 1)
-                    sch.annotate(load, "permuted_layout", 1)
+                    sch.annotate(loads[operand], "permuted_layout", 1)
             return
         for operand in ("A", "B"):
             window = ctx.op.name == "conv2d" and operand == "A"

@@ -1,28 +1,37 @@
 """A performance model of one Tensor Core kernel: what the emitted instruction, the occupancy,
 the L2 -> SM and shared-memory traffic of each tile, the barriers and the pipeline fill allow.
 
-It is a model (`kind = "model"`), not a measurement. Per SM and per k-step of a block tile
-(BM x BN x BK, W warps, S pipeline stages) it takes the slowest of
+It is a model (`kind = "model"`), not a measurement, and it is the price of a schedule both
+for the knob search (`schedule_program`, registered with tsl.model: the block tile, warps and
+pipeline depth are its choice) and for the built artifact (`price` with ptxas' registers).
+Per SM and per k-step of a block tile (BM x BN x BK, W warps, S pipeline stages) it takes
 
     tensor   BM*BN*BK MACs / (primitive MACs/clk x rate of the emitted instruction x
              min(1, resident warps / 4 sub-partitions)), plus the fragment-load latency of
              each 16-deep slice, divided by the warps per sub-partition that hide it
     shared   (BM + BN) * BK bytes written by cp.async + W * (WM + WN) * BK bytes read into
              fragments, at the shared level's bytes/clk
-    L2       (BM + BN) * BK bytes at this SM's share of the L2 -> SM bandwidth
+    L2       (BM + BN) * BK bytes at this SM's share of the L2 -> SM bandwidth (the L2's
+             bandwidth over the SMs that have blocks in this wave, at most the SM's port)
 
-and adds what a block cannot overlap with its own work, divided over the blocks resident on
-the SM (they hide each other's stalls): a barrier per k-step, the pipeline fill (the copy
-latency of the first stage), and the epilogue (WMMA: each accumulator fragment goes through
-shared memory between two barriers; mma.sync / wgmma: stored from the registers). Blocks run in waves of (SMs x blocks per SM); the last wave runs
-with as many blocks per SM as it has. The result is floored by the HBM traffic.
+the slowest of them plus `overlap_stall` x the second slowest x their ratio (paths of nearly
+equal time stall each other); an unpipelined kernel (S = 1) copies, then computes. It adds
+what a block cannot overlap with its own work, divided over the blocks resident on the SM
+(they hide each other's stalls): a barrier per k-step, the pipeline fill (the copy latency of
+the first stage), the copy latency the S - 1 steps ahead do not cover, and the epilogue (WMMA:
+each accumulator fragment goes through shared memory between two barriers; mma.sync / wgmma:
+stored from the registers). Blocks per SM come from registers, shared memory and warps
+(`occupancy`); blocks run in waves of (SMs x blocks per SM), the last wave with as many blocks
+per SM as it has, on as many SMs (wave quantization: a grid of 3 blocks uses 3 SMs). The result
+is floored by the HBM traffic.
 
 `upper_bound_seconds` is the roofline of the emitted instruction (its rate x the busy share of
 the last wave, or HBM): no kernel issuing that instruction can be faster, so a rate computed
 from it is an upper bound, labelled so.
 
 Every rate is machine data: [peaks], the primitive's macs_per_cycle, [params] instruction_rate,
-l2_bytes_per_s, barrier_cycles, and the movers' latencies (tensorcore-*.toml).
+l2_bytes_per_s, l2_sm_bytes_per_cycle, overlap_stall, barrier_cycles, the occupancy limits, and
+the movers' latencies (tensorcore-*.toml).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import math
 from dataclasses import dataclass
 
 from ...errors import TAMError
+from ...model import Program, register_program
 from ...tam.machine import dtype_bytes
 
 SUBPARTITIONS = 4  # warp schedulers (and Tensor Cores) per SM on sm_70 .. sm_90
@@ -54,9 +64,10 @@ class Tile:
     instruction: str  # "wmma", "mma_sync" or "wgmma": what the kernel issues
 
 
-def tile_of(schedule, kernel) -> Tile:
-    """The block and warp tile of a lowered schedule (from its loop nest: the loops inside the
-    one bound to blocks make a block's tile, those inside the warp loop a warp's)."""
+def tile_of(schedule, instruction: str) -> Tile:
+    """The block and warp tile of a recorded schedule (from its loop nest: the loops inside the
+    one bound to blocks make a block's tile, those inside the warp loop a warp's; the loops
+    bound to blocks and warps make the launch), issuing `instruction`."""
     s, op = schedule, schedule.op
     ext = s.padded_extents()
     core = _parallel_index(s, "core")
@@ -74,16 +85,135 @@ def tile_of(schedule, kernel) -> Tile:
     else:
         k_step = k_total
     rows = ("m", "b")
-    warps = math.prod(int(d) for d in kernel.block) // 32
     return Tile(
         block_m=math.prod(v for a, v in block.items() if s.role_of(a) in rows),
         block_n=math.prod(v for a, v in block.items() if s.role_of(a) == "n"),
-        block_k=k_step, k_steps=max(k_total // max(k_step, 1), 1), warps=warps,
+        block_k=k_step, k_steps=max(k_total // max(k_step, 1), 1),
+        warps=_parallel_extent(s, "subcore"),
         warp_m=math.prod(v for a, v in warp.items() if s.role_of(a) in rows),
         warp_n=math.prod(v for a, v in warp.items() if s.role_of(a) == "n"),
-        stages=pipelined.stages if pipelined else 1, blocks=math.prod(kernel.grid),
+        stages=pipelined.stages if pipelined else 1, blocks=_parallel_extent(s, "core"),
         in_bytes=dtype_bytes(op.dtype), acc_bytes=dtype_bytes(op.acc_dtype),
-        instruction=instruction_of(kernel.source))
+        instruction=instruction)
+
+
+def _parallel_extent(s, role: str) -> int:
+    """Instances of the loops spread over compute level `role` (blocks, warps per block)."""
+    return math.prod(lp.extent for lp in s.loops if lp.parallel
+                     and s.machine.compute_level(lp.parallel).role == role)
+
+
+def planned_instruction(machine, op) -> str:
+    """The Tensor Core instruction the lowering emits for `op` on `machine` (before it runs):
+    ldmatrix + mma.sync where the machine asks for it (`mma_sync`) for the GEMM family,
+    warp-level WMMA otherwise (conv2d's window tile, machines without the parameter)."""
+    if (machine.params.get("mma_sync") and op.name != "conv2d"
+            and op.dtype in ("float16", "bfloat16", "int8")):
+        return "mma_sync"
+    return "wmma"
+
+
+# Registers a thread needs besides its fragments (addresses, loop counters, the swizzle's
+# offsets), fitted on ptxas -v of the default suite for sm_80 (32..64-square warp tiles).
+REGISTER_OVERHEAD = 56
+
+
+def registers(tile: Tile, k_slice: int = 16) -> int:
+    """32-bit registers per thread, modelled: the warp's accumulator tile, its A and B
+    fragments for one `k_slice`-deep step, and `REGISTER_OVERHEAD` (ptxas gives the real count
+    once the kernel is compiled)."""
+    t = tile
+    frag = (t.warp_m * t.warp_n * t.acc_bytes
+            + (t.warp_m + t.warp_n) * k_slice * t.in_bytes) / 4 / 32
+    return math.ceil(frag) + REGISTER_OVERHEAD
+
+
+STATIC_SHARED_MAX = 48 * 1024  # static __shared__ arrays of one kernel (CUDA's limit)
+
+
+def epilogue_shared_bytes(tile: Tile) -> int:
+    """The WMMA epilogue's static shared tile: one 16 x 16 fragment per warp, but s_tir sizes
+    the buffer over every warp's position in the block (warp offsets plus one fragment, per
+    axis)."""
+    if tile.instruction != "wmma":
+        return 0
+    rows = tile.block_m - tile.warp_m + 16
+    cols = tile.block_n - tile.warp_n + 16
+    return int(rows * cols * tile.acc_bytes)
+
+
+def shared_bytes(schedule, tile: Tile) -> int:
+    """Shared memory of a block: every staged A / B tile times its pipeline's buffers, and for
+    WMMA the accumulator tile its epilogue goes through."""
+    staged = sum(st.bytes * st.at.stages for st in schedule.stages
+                 if st.level.role == "scratchpad")
+    return int(staged + epilogue_shared_bytes(tile))
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Blocks resident on one SM and what bounds them."""
+
+    threads: int
+    registers: int
+    registers_from: str  # "ptxas" or "model"
+    shared_bytes: int
+    blocks_per_sm: int
+    limited_by: str  # "registers", "shared memory" or "warps"
+    max_warps: int
+
+    @property
+    def fraction(self) -> float:
+        """Resident warps over the SM's maximum."""
+        return self.blocks_per_sm * self.threads / 32 / self.max_warps
+
+
+def occupancy(machine, threads: int, regs: int, smem: int, regs_from: str) -> Occupancy:
+    """Blocks per SM allowed by registers (allocated 8 per thread at a time, 255 at most),
+    shared memory (each block also reserves 1 KiB) and warps; at least one (a block that does
+    not fit at all is refused before: codegen.check_fits, `check`)."""
+    p = machine.params
+    alloc = min(math.ceil(regs / 8) * 8, int(p["max_registers_per_thread"]))
+    by = {"registers": int(p["registers_per_sm"]) // max(alloc * threads, 1),
+          "shared memory": int(p["smem_per_sm"]) // (smem + 1024),
+          "warps": int(p["max_warps_per_sm"]) // max(threads // 32, 1)}
+    limit = min(by, key=by.get)
+    return Occupancy(threads, regs, regs_from, smem, max(by[limit], 1), limit,
+                     int(p["max_warps_per_sm"]))
+
+
+def hbm_bytes(schedule, resident: int) -> int:
+    """HBM traffic of a launch whose blocks run in waves of `resident` (SMs x blocks per SM)
+    in launch order: the L2 cache lets a wave read each A row panel and B column panel it
+    touches once; the output is written once."""
+    s, op = schedule, schedule.op
+    ext = s.padded_extents()
+    block = _extents_inside(s, _parallel_index(s, "core"))
+    cols = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) == "n")
+    rows = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) in ("m", "b"))
+    a, b = (op.footprint(x, ext) * dtype_bytes(op.input(x).dtype) for x in ("A", "B"))
+    out = op.footprint("C", ext) * dtype_bytes(op.out_dtype)
+    other = sum(math.prod(t.shape) * dtype_bytes(t.dtype) for t in op.inputs
+                if t.role not in ("A", "B"))
+    waves = math.ceil(rows * cols / resident)
+    per_wave = min(rows, math.ceil(resident / cols)) * a / rows + min(cols, resident) * b / cols
+    return int(max(a + b, min(a * cols + b * rows, waves * per_wave)) + out + other)
+
+
+def price(schedule, instruction: str | None = None, regs: int | None = None,
+          smem: int | None = None) -> tuple[Model, Occupancy]:
+    """The model of the kernel `schedule` lowers to, with its occupancy: from the schedule
+    alone (the knob search prices every candidate so), or with what the compiled kernel
+    reports (its instruction, ptxas' registers, its shared memory)."""
+    s, m = schedule, schedule.machine
+    t = tile_of(s, instruction or planned_instruction(m, s.op))
+    k_slice = 32 if t.instruction == "mma_sync" and s.op.dtype == "int8" else 16
+    occ = occupancy(m, 32 * t.warps, regs if regs is not None else registers(t, k_slice),
+                    smem if smem is not None else shared_bytes(s, t),
+                    "ptxas" if regs is not None else "model")
+    padded = 2.0 * math.prod(s.padded_extents().values())
+    hbm = hbm_bytes(s, occ.blocks_per_sm * m.cores())
+    return model(m, t, 2.0 * s.op.macs, padded, occ.blocks_per_sm, hbm, s.op.dtype), occ
 
 
 def instruction_of(source: str) -> str:
@@ -189,8 +319,15 @@ def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm:
     irate = float(rates[tile.instruction])
     sms = machine.cores()
     smem_bw = machine.levels("scratchpad")[0].bandwidth
-    l2_per_sm = float(p["l2_bytes_per_s"]) / machine.clock_hz / sms
+    l2_port = float(p["l2_sm_bytes_per_cycle"])
+    # The L2 serves the SMs that have blocks; each at most at its own port's rate.
+    l2_total = float(p["l2_bytes_per_s"]) / machine.clock_hz
+
+    def l2_per_sm(active: int) -> float:
+        return min(l2_port, l2_total / max(min(active, sms), 1))
+
     barrier = float(p["barrier_cycles"])
+    stall = float(p["overlap_stall"])
     copy_latency = next((mv.latency for mv in machine.movers if mv.dst == "smem"), 0)
     frag_latency = next((mv.latency for mv in machine.movers if mv.src == "smem"), 0)
     t = tile
@@ -198,12 +335,14 @@ def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm:
     fragment_reads = t.warps * (t.warp_m + t.warp_n) * t.block_k * t.in_bytes
     c_tile = t.block_m * t.block_n * t.acc_bytes
     fragments = (t.warp_m // 16) * (t.warp_n // 16)
-    if t.instruction == "wmma":  # each fragment through shared memory, between two barriers
-        epilogue = 2 * fragments * barrier + 2 * c_tile / smem_bw + c_tile / l2_per_sm
-    else:  # straight from the registers
-        epilogue = c_tile / l2_per_sm
 
-    def wave_cycles(per_sm: int) -> tuple[float, dict, dict]:
+    def wave_cycles(per_sm: int, active: int) -> tuple[float, dict, dict]:
+        """One wave: `per_sm` blocks on each of `active` SMs."""
+        l2 = l2_per_sm(active)
+        if t.instruction == "wmma":  # each fragment through shared memory, between 2 barriers
+            epilogue = 2 * fragments * barrier + 2 * c_tile / smem_bw + c_tile / l2
+        else:  # straight from the registers
+            epilogue = c_tile / l2
         per_sub = per_sm * t.warps / SUBPARTITIONS  # warps per scheduler
         # A warp loads its fragments for a 16-deep slice, then issues the mma on them: with
         # no other warp on its scheduler, the load latency is not hidden.
@@ -211,26 +350,55 @@ def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm:
                 / (prim.macs_per_cycle * irate * min(1.0, per_sub))
                 + t.block_k // 16 * frag_latency / max(1.0, per_sub),
                 "shared": (step_bytes + fragment_reads) / smem_bw,
-                "l2": step_bytes / l2_per_sm}
+                "l2": step_bytes / l2}
+        # The three paths overlap, but not perfectly: when the two slowest take nearly the
+        # same time each waits on the other now and then (params.overlap_stall of the
+        # shorter, growing with the balance).
+        first, second = sorted(step.values())[-2:][::-1]
+        step_time = first + stall * second ** 2 / first
+        if t.stages == 1:  # unpipelined: a step's copy, then its compute
+            step_time = step["l2"] + max(step["tensor"], step["shared"])
+        # The copy of step i + stages - 1 is issued at step i: the block waits for what is
+        # left of its latency after the stages - 1 steps in between (all of it unpipelined).
+        between = (t.stages - 1) * per_sm * step_time
         exposed = {"barriers": t.k_steps * (barrier + frag_latency),
-                   "fill": copy_latency + (t.stages - 1) * step_bytes / l2_per_sm,
+                   "fill": copy_latency + (t.stages - 1) * step_bytes / l2,
+                   "copy wait": (t.k_steps - 1) * max(0.0, copy_latency - between),
                    "epilogue": epilogue}
         # `per_sm` blocks share the SM's rates; each block's stalls are hidden by the others'
         # work, but a block never finishes before its own work plus its own stalls.
-        work = per_sm * t.k_steps * max(step.values())
+        work = per_sm * t.k_steps * step_time
         stalls = sum(exposed.values())
-        total = max(work + stalls / per_sm, stalls + t.k_steps * max(step.values()))
+        total = max(work + stalls / per_sm, stalls + t.k_steps * step_time)
         return total, step, exposed
 
     resident = sms * blocks_per_sm
     full, rest = divmod(t.blocks, resident)
-    cycles, step, exposed = wave_cycles(blocks_per_sm)
+    cycles, step, exposed = wave_cycles(blocks_per_sm, sms)
     cycles *= full
     if rest:
-        last, step_last, exposed_last = wave_cycles(math.ceil(rest / sms))
+        last, step_last, exposed_last = wave_cycles(math.ceil(rest / sms), rest)
         cycles += last
         if not full:
             step, exposed = step_last, exposed_last
     return Model(machine.name, t.instruction, irate, machine.peak(dtype), flops, padded_flops,
                  blocks_per_sm, sms, t.blocks / resident, step, exposed, cycles,
                  machine.clock_hz, hbm_bytes / float(p["hbm_bytes_per_s"]))
+
+
+def schedule_program(schedule) -> Program:
+    """A schedule's price for `tsl.model.evaluate` (and so the knob search): this module's
+    model of the kernel it lowers to, not the generic model of its staged tiles (which knows
+    nothing of warps per scheduler, occupancy or waves)."""
+    mod, occ = price(schedule)
+    return Program(transfers=(), compute_cycles=mod.seconds * mod.clock_hz,
+                   padded_macs=int(mod.padded_flops / 2), bound=mod.limiter,
+                   notes=(f"{occ.blocks_per_sm} block(s)/SM of {occ.threads} threads, "
+                          f"{occ.registers} registers ({occ.registers_from}), "
+                          f"{occ.shared_bytes} B shared (limited by {occ.limited_by}); "
+                          f"{mod.waves:.2f} waves",),
+                   detail={"model": mod, "occupancy": occ.fraction,
+                           "blocks_per_sm": occ.blocks_per_sm})
+
+
+register_program("cuda_tensorcore", schedule_program)

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
-
 from ...artifact import Artifact
 from ...errors import BackendUnavailable, LoweringError
 from ...model import Estimate
@@ -76,43 +74,14 @@ class CupyKernel:
 
 @dataclass
 class Roofline:
-    """The kernel's modelled time (`model.Model`, kind "model") with its on-chip footprint and
-    occupancy: the detail of this back end's `Estimate`. `seconds` is the model;
-    `upper_bound_seconds` the emitted instruction's roofline (a rate from it is an upper
-    bound)."""
+    """The kernel's modelled time (`model.Model`, kind "model") with its occupancy: the detail
+    of this back end's `Estimate`. `seconds` is the model; `upper_bound_seconds` the emitted
+    instruction's roofline (a rate from it is an upper bound)."""
 
-    machine: str
-    flops: float
-    padded_flops: float
-    peak: float  # operations per second for the operator's dtype
-    bandwidth: float  # HBM bytes per second
-    hbm_bytes: int
-    blocks: int
-    threads: int
-    shared_bytes: int
-    registers: int
-    registers_from: str  # "ptxas" or "fragments" (an estimate without nvcc)
-    blocks_per_sm: int
-    sms: int
-    max_warps: int
     model: model.Model
+    occupancy: model.Occupancy
+    bandwidth: float  # HBM bytes per second
     kind: str = "model"
-
-    @property
-    def waves(self) -> float:
-        return self.model.waves
-
-    @property
-    def wave_efficiency(self) -> float:
-        return self.model.wave_efficiency
-
-    @property
-    def compute_seconds(self) -> float:
-        return self.model.cycles / self.model.clock_hz
-
-    @property
-    def memory_seconds(self) -> float:
-        return self.hbm_bytes / self.bandwidth
 
     @property
     def seconds(self) -> float:
@@ -122,18 +91,32 @@ class Roofline:
     def upper_bound_seconds(self) -> float:
         return self.model.upper_bound_seconds
 
-    @property
-    def occupancy(self) -> float:
-        return self.blocks_per_sm * self.threads / 32 / self.max_warps
-
     def __str__(self) -> str:
+        o = self.occupancy
         return "\n".join([
             str(self.model),
-            f"  HBM {self.memory_seconds * 1e6:.1f} us ({self.hbm_bytes / 1e6:.1f} MB at "
-            f"{self.bandwidth / 1e12:.2f} TB/s: each wave reads the panels it tiles once)",
-            f"  per block: {self.threads} threads, {self.shared_bytes / 1024:.1f} KiB shared, "
-            f"{self.registers} registers/thread ({self.registers_from}); {self.blocks_per_sm} "
-            f"block(s)/SM, occupancy {100 * self.occupancy:.0f}%"])
+            f"  HBM {self.model.hbm_seconds * 1e6:.1f} us (at {self.bandwidth / 1e12:.2f} TB/s: "
+            f"each wave reads the panels it tiles once)",
+            f"  per block: {o.threads} threads, {o.shared_bytes / 1024:.1f} KiB shared, "
+            f"{o.registers} registers/thread ({o.registers_from}); {o.blocks_per_sm} "
+            f"block(s)/SM (limited by {o.limited_by}), occupancy {100 * o.fraction:.0f}%"])
+
+
+def roofline_estimate(machine, macs: int, mod: model.Model, occ: model.Occupancy) -> Estimate:
+    """The `Estimate` (kind "model") of a kernel modelled as `mod` with occupancy `occ`."""
+    bw = float(machine.params["hbm_bytes_per_s"])
+    r = Roofline(mod, occ, bw)
+    return Estimate(mod.seconds, kind="model", machine=machine.name, clock_hz=machine.clock_hz,
+                    bound=mod.limiter, macs=macs, padded_macs=int(mod.padded_flops / 2),
+                    peak_macs_per_s=mod.peak / 2,
+                    compute_seconds=mod.cycles / mod.clock_hz,
+                    traffic={"hbm": int(mod.hbm_seconds * bw)},
+                    level_seconds={"hbm": mod.hbm_seconds},
+                    detail={"roofline": r, "model": mod, "flops": mod.flops, "peak": mod.peak,
+                            "upper_bound_seconds": mod.upper_bound_seconds,
+                            "occupancy": occ.fraction, "registers": occ.registers,
+                            "shared_bytes": occ.shared_bytes,
+                            "blocks_per_sm": occ.blocks_per_sm, "waves": mod.waves})
 
 
 class TensorCoreArtifact(Artifact):
@@ -250,57 +233,17 @@ class TensorCoreArtifact(Artifact):
 
     # -- cost -------------------------------------------------------------------------------
     def estimate(self) -> Estimate:
+        """The back end's model (model.price) with this kernel's instruction, shared memory
+        and ptxas' registers (the model's count without nvcc): the price the knob search
+        gave its schedule, with what the compiler reports in place of the model's guesses."""
         m, k = self.machine, self.kernel
-        big = self.ctx.op
-        threads = math.prod(k.block)
         try:
-            regs, src = self.resources()["registers"], "ptxas"
+            regs = self.resources()["registers"]
         except BackendUnavailable:
-            regs, src = k.fragment_bytes // 128 + 32, "fragments"
-        per_block = k.dynamic_shared_bytes + k.static_shared_bytes + 1024  # 1 KiB reserved
-        by_smem = int(m.params["smem_per_sm"]) // per_block
-        by_regs = int(m.params["registers_per_sm"]) // max(regs * threads, 1)
-        by_warps = int(m.params["max_warps_per_sm"]) // max(threads // 32, 1)
-        per_sm = max(min(by_smem, by_regs, by_warps), 1)
-        hbm = self._hbm_bytes(per_sm * m.cores())
-        flops, padded = 2.0 * self.op.macs, 2.0 * big.macs
-        mod = model.model(m, model.tile_of(self.schedule, k), flops, padded, per_sm, hbm,
-                          big.dtype)
-        r = Roofline(m.name, flops, padded, m.peak(big.dtype),
-                     float(m.params["hbm_bytes_per_s"]), hbm, math.prod(k.grid), threads,
-                     k.dynamic_shared_bytes + k.static_shared_bytes, regs, src, per_sm,
-                     m.cores(), int(m.params["max_warps_per_sm"]), mod)
-        return Estimate(r.seconds, kind="model", machine=m.name, clock_hz=m.clock_hz,
-                        bound=mod.limiter, macs=self.op.macs, padded_macs=big.macs,
-                        peak_macs_per_s=r.peak / 2, compute_seconds=r.compute_seconds,
-                        traffic={"hbm": r.hbm_bytes}, level_seconds={"hbm": r.memory_seconds},
-                        detail={"roofline": r, "model": mod, "flops": r.flops, "peak": r.peak,
-                                "upper_bound_seconds": r.upper_bound_seconds,
-                                "occupancy": r.occupancy, "registers": r.registers,
-                                "shared_bytes": r.shared_bytes, "blocks_per_sm": r.blocks_per_sm,
-                                "waves": r.waves})
-
-    def _hbm_bytes(self, resident: int) -> int:
-        """Blocks run in waves of `resident` (SMs x blocks per SM) in launch order; the L2
-        cache lets a wave read each A row-panel and B column-panel it touches once."""
-        s, big = self.schedule, self.ctx.op
-        ext = s.padded_extents()
-        block = {a: 1 for a in ext}
-        core = next((i for i, lp in enumerate(s.loops) if lp.parallel
-                     and s.machine.compute_level(lp.parallel).role == "core"), -1)
-        for lp in s.loops[core + 1:]:
-            for part in lp.parts or (lp,):
-                block[part.axes[0]] *= part.extent
-        cols = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) == "n")
-        rows = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) in ("m", "b"))
-        size = {t.role: math.prod(t.shape) * np.dtype(np_dtype(t.dtype)).itemsize
-                for t in list(big.inputs) + [big.output]}
-        waves = math.ceil(rows * cols / resident)
-        per_wave = (min(rows, math.ceil(resident / cols)) * size["A"] / rows
-                    + min(cols, resident) * size["B"] / cols)
-        reread = size["A"] * cols + size["B"] * rows
-        once = size["A"] + size["B"]
-        return int(max(once, min(reread, waves * per_wave)) + size["out"] + size.get("bias", 0))
+            regs = None
+        mod, occ = model.price(self.schedule, model.instruction_of(k.source), regs,
+                               k.shared_bytes)
+        return roofline_estimate(m, self.op.macs, mod, occ)
 
     def benchmark(self) -> dict:
         """Without a GPU: the model's time (no baseline: nothing was measured to compare
