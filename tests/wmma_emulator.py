@@ -161,7 +161,8 @@ inline void emu_check_shared(const void* p, long bytes, const char* what) {
   inline NAME make_##NAME(T x, T y) { return NAME{x, y}; }
 VEC4(uint4, unsigned) VEC4(int4, int) VEC4(float4, float) VEC4(char4, signed char)
 VEC4(uchar4, unsigned char)
-VEC2(uint2, unsigned) VEC2(int2, int) VEC2(float2, float)
+VEC2(uint2, unsigned) VEC2(int2, int) VEC2(float2, float) VEC2(char2, signed char)
+VEC2(uchar2, unsigned char)
 template <class T> inline T max(T a, T b) { return a > b ? a : b; }
 template <class T> inline T min(T a, T b) { return a < b ? a : b; }
 
