@@ -217,6 +217,32 @@ def mma_k(dtype: str) -> int:
     return 32 if dtype in ("int8", "uint8") else 16
 
 
+def _to_warp_desc(dtype: str, scope: str, rows: int, cols: int, local: int, where):
+    """What a shared -> warp-register load computes: element (r, c) of a rows x cols shared
+    tile lands in lane and register `where(r, c)`. One description for every way the
+    registers are filled (ldmatrix, plain per-lane loads)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        shared = T.match_buffer(shared_handle, (rows, cols), dtype, align=64,
+                                offset_factor=cols, scope=scope)
+        warp = T.match_buffer(warp_handle, (32, local), dtype, align=64, offset_factor=cols,
+                              scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:rows, 0:cols])
+            T.writes(warp[0:32, 0:local])
+            for ax0, ax1 in T.grid(rows, cols):
+                with T.sblock("shared_warp"):
+                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                    T.reads(shared[v0, v1])
+                    t, r = T.meta_var(where(v0, v1))
+                    T.writes(warp[t, r])
+                    warp[t, r] = shared[v0, v1]
+
+    return desc
+
+
 def _ldmatrix(dtype: str, scope: str, operand: str, trans: bool):
     """A's 16 x k tile (B's k x 16, or 16 x k when `trans`: B given as [N, K]) from shared
     memory into the warp's registers with one ldmatrix.x4. Lanes 8q .. 8q + 7 give the row
@@ -255,22 +281,7 @@ def _ldmatrix(dtype: str, scope: str, operand: str, trans: bool):
         def offset(tx, stride):  # matrices (transposed): k 0-7 / 8-15 of n 0-7, then n 8-15
             return stride * (tx % 16) + 8 * (tx // 16)
 
-    @T.prim_func(s_tir=True)
-    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
-        shared = T.match_buffer(shared_handle, (rows, cols), dtype, align=64,
-                                offset_factor=cols, scope=scope)
-        warp = T.match_buffer(warp_handle, (32, local), dtype, align=64, offset_factor=cols,
-                              scope="warp")
-        with T.sblock("root"):
-            T.reads(shared[0:rows, 0:cols])
-            T.writes(warp[0:32, 0:local])
-            for ax0, ax1 in T.grid(rows, cols):
-                with T.sblock("shared_warp"):
-                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
-                    T.reads(shared[v0, v1])
-                    t, r = T.meta_var(where(v0, v1))
-                    T.writes(warp[t, r])
-                    warp[t, r] = shared[v0, v1]
+    desc = _to_warp_desc(dtype, scope, rows, cols, local, where)
 
     @T.prim_func(s_tir=True)
     def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:
@@ -310,22 +321,7 @@ def _lds_b(dtype: str, scope: str):
     def row(tx, e):
         return 4 * v * (e % (2 * v) // v) + v * (tx % 4) + e % v
 
-    @T.prim_func(s_tir=True)
-    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
-        shared = T.match_buffer(shared_handle, (k, 16), dtype, align=64, offset_factor=16,
-                                scope=scope)
-        warp = T.match_buffer(warp_handle, (32, local), dtype, align=64, offset_factor=16,
-                              scope="warp")
-        with T.sblock("root"):
-            T.reads(shared[0:k, 0:16])
-            T.writes(warp[0:32, 0:local])
-            for ax0, ax1 in T.grid(k, 16):
-                with T.sblock("shared_warp"):
-                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
-                    T.reads(shared[v0, v1])
-                    t, r = T.meta_var(lane_b(v1, v0, k))
-                    T.writes(warp[t, r])
-                    warp[t, r] = shared[v0, v1]
+    desc = _to_warp_desc(dtype, scope, k, 16, local, lambda r, c: lane_b(c, r, k))
 
     @T.prim_func(s_tir=True)
     def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:
