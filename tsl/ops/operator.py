@@ -88,7 +88,12 @@ class Operator:
     def footprint(self, operand: str, ext: dict[str, int], rows_used: bool = False) -> int:
         """Elements of operand "A", "B" or "C" touched by a tile of `ext` iterations per axis
         (`rows_used`: as `tile_shape`)."""
-        return math.prod(t for _, t, _ in self._tile(operand, ext, rows_used))
+        # Memoized: the knob search asks for the same tiles thousands of times per operator.
+        key = (operand, tuple(ext.items()), rows_used)
+        memo = self.__dict__.setdefault("_footprints", {})
+        if key not in memo:
+            memo[key] = math.prod(t for _, t, _ in self._tile(operand, ext, rows_used))
+        return memo[key]
 
     def tile_shape(self, operand: str, ext: dict[str, int],
                    rows_used: bool = False) -> tuple[tuple[str, int, int], ...]:

@@ -15,6 +15,8 @@ back end's business)::
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import ScheduleError
 from ..primitives.schedule import Schedule
 
@@ -28,7 +30,8 @@ def _primitive(s: Schedule):
     return p
 
 
-def _round_choices(extent: int, unit: int, choices):
+@functools.lru_cache(maxsize=4096)
+def _round_choices(extent: int, unit: int, choices: tuple):
     """Outer tile multipliers that do not exceed the padded extent needlessly; for each one
     that does not divide the extent's units, also the largest that does, and the whole
     extent where a choice reaches it (a 768-long contraction in units of 128 gets 3 beside 4
@@ -36,7 +39,7 @@ def _round_choices(extent: int, unit: int, choices):
     top = max(1, -(-extent // unit))
     kept = {min(c, top) for c in choices}
     kept |= {max(d for d in range(1, c + 1) if top % d == 0) for c in kept}
-    return sorted(kept) or [1]
+    return tuple(sorted(kept)) or (1,)
 
 
 def _stage_choices(s: Schedule):
@@ -106,7 +109,7 @@ def schedule_conv2d(s: Schedule) -> None:
         # One output row is narrower than the primitive's rows: the tile's rows come from
         # stacking output rows, up to all of them (every divisor of OH).
         rows += tuple(d for d in range(1, P + 1) if P % d == 0)
-    h_inner = s.knob("h_inner", _round_choices(P, 1, sorted(set(rows))))
+    h_inner = s.knob("h_inner", _round_choices(P, 1, tuple(sorted(set(rows)))))
     co_outer = s.knob("co_outer", _round_choices(K, co_inner * p.n, (1, 2, 4, 8)))
     wr, cr = w_inner * p.m, co_inner * p.n
     ci_inner = s.knob("ci_inner", _round_choices(C, p.k, (1, 2, 4, 8, 16, 32, 64)))
