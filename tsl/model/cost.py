@@ -513,6 +513,7 @@ class Program:
     notes: tuple = ()
     detail: dict = field(default_factory=dict)
     bound: str = ""
+    pipelined: bool = False  # its copies overlap its compute inside `compute_cycles`
 
 
 _PROGRAMS: dict[str, Callable] = {}
@@ -574,7 +575,7 @@ def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None
         if t.hidden == 0:
             level_cycles[t.parent] = (level_cycles.get(t.parent, 0.0)
                                       + max(t.cycles(), t.shared_cycles()))
-    pipelined = bool(overlap)
+    pipelined = bool(overlap) or (program is not None and program.pipelined)
     # A back end's program brings its own pipeline (compute, transfers, serial cycles);
     # the schedule's staged tiles are played tile by tile where every tile is managed.
     played = explicit_pipeline(s, ts, parts) if program is None else None

@@ -398,7 +398,8 @@ def schedule_program(schedule) -> Program:
                           f"{occ.shared_bytes} B shared (limited by {occ.limited_by}); "
                           f"{mod.waves:.2f} waves",),
                    detail={"model": mod, "occupancy": occ.fraction,
-                           "blocks_per_sm": occ.blocks_per_sm})
+                           "blocks_per_sm": occ.blocks_per_sm},
+                   pipelined=any(lp.stages > 1 for lp in schedule.loops))
 
 
 register_program("cuda_tensorcore", schedule_program)
