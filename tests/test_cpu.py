@@ -76,6 +76,20 @@ def test_conv2d_batch_and_1x1_unpadded(machine, layout, dtype):
     check(ops.conv2d(2, 16, 8, 8, 32, 1, 1, stride=2, layout=layout, dtype=dtype), machine)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("channels,stride", [(32, 1), (24, 2), (48, 1)])
+def test_conv2d_nhwc_activations_in_channel_blocks(machine, dtype, channels, stride):
+    """NHWC activations are packed in blocks of channels (a cache line, or the largest power
+    of two dividing C) for windows wider than 1x1: exact at every block size."""
+    art = check(ops.conv2d(1, channels, 9, 10, 24, 3, 3, stride=stride, padding=1,
+                           layout="NHWC", dtype=dtype,
+                           epilogue=ops.relu() if dtype != "int8" else None), machine)
+    if art.schedule.primitive.m == 1:  # (smmla's 2-row primitive packs pixels instead)
+        blocked = re.search(r"A_\w+ = T\.sblock_alloc_buffer\(\(1, (\d+), \d+, \d+, (\d+)\)",
+                            art.tir())
+        assert blocked and int(blocked[1]) * int(blocked[2]) == channels > int(blocked[1])
+
+
 @pytest.mark.parametrize("name", other_cpu_machines() or
                          [pytest.param("-", marks=pytest.mark.skip(
                              reason="this host runs no other built-in CPU machine"))])

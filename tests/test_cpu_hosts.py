@@ -97,6 +97,8 @@ def test_aarch64_code_runs_right_under_qemu(name):
     cases = suite.suite(quick=True) + [ops.matmul(37, 50, 64, dtype="int8"),
                                        ops.matmul(29, 43, 71, dtype="float32"),
                                        ops.matmul(33, 40, 24, dtype="bfloat16")]
+    cases += [ops.conv2d(1, 48, 9, 10, 24, 3, 3, stride=st, padding=1, layout="NHWC", dtype=dt)
+              for st, dt in ((1, "float32"), (2, "int8"))]  # activations in channel blocks
     for op in cases:
         ok, err = tsl.build(op, name, cross=True).emulate().verify(seed=3)
         assert ok, f"{name} {op}: error {err}"
