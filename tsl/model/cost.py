@@ -290,6 +290,22 @@ def _replace(t: Transfer, **kw) -> Transfer:
 
 
 # -- compute ------------------------------------------------------------------------------------
+def step_blocks(s: Schedule, acc: Stage) -> tuple[float, float]:
+    """(rows, columns), in primitive blocks, of the part of accumulator tile `acc` that one
+    step of the innermost reduction loop updates: the blocks in flight at once, which share
+    that step's operand loads. Loops of the tile outside the reduction (conv2d's rows without
+    reduce_rows) take their turns, each running the whole reduction on its own blocks."""
+    p = s.primitive
+    prim = next((i for i, lp in enumerate(s.loops) if lp.tensorized is not None), len(s.loops))
+    ks = [i for i, lp in enumerate(s.loops[:prim])
+          if any(s.role_of(q.axes[0]) == "k" for q in lp.parts or (lp,))]
+    start = max(ks[-1] if ks else -1, s.loops.index(acc.at)) + 1
+    ext = _ext_from(s, start)
+    rows = math.prod(e for a, e in ext.items() if s.role_of(a) == "m") / p.m
+    cols = math.prod(e for a, e in ext.items() if s.role_of(a) == "n") / p.n
+    return rows, cols
+
+
 def issue_efficiency(s: Schedule) -> float:
     """Fraction of the primitive's rate the accumulator tile sustains: a primitive of latency L
     issued r times per cycle needs L * r independent accumulator blocks in flight."""
@@ -299,7 +315,7 @@ def issue_efficiency(s: Schedule) -> float:
     per_cycle = p.macs_per_cycle / (p.m * p.n * p.k)
     need = p.latency * per_cycle
     acc = next((st for st in s.stages if st.operand == "C"), None)
-    blocks = acc.elements / (p.m * p.n) if acc else 1
+    blocks = math.prod(step_blocks(s, acc)) if acc else 1
     return min(1.0, blocks / need) if need > 1 else 1.0
 
 
@@ -314,9 +330,7 @@ def feed_efficiency(s: Schedule) -> float:
     mv = _mover(s, p.a_level, p.c_level) if p is not None and acc is not None else None
     if mv is None or not mv.bytes_per_cycle or not p.macs_per_cycle:
         return 1.0
-    ext = _inner_ext(s, acc.at)
-    rows = math.prod(e for a, e in ext.items() if s.role_of(a) == "m") / p.m
-    cols = math.prod(e for a, e in ext.items() if s.role_of(a) == "n") / p.n
+    rows, cols = step_blocks(s, acc)
     vector = p.m * p.n * dtype_bytes(p.acc_dtype)
     load = (rows + cols) * vector / mv.bytes_per_cycle
     compute = rows * cols * p.m * p.n * p.k / p.macs_per_cycle
