@@ -18,8 +18,9 @@ The model, for a schedule `s`:
   bandwidth, the fills spread over the parallel units; a parent shared by all units (DRAM)
   also caps the total bytes at its own bandwidth.
 - **Compute.** The padded MACs at the primitive's rate over the parallel units actually busy
-  (the busiest unit sets the time: ceil(tiles / units)), slowed where the accumulator tile
-  holds fewer independent primitives than latency x issue rate needs; zeroing each
+  (the busiest unit sets the time: ceil(tiles / units)), slowed where one step of the
+  innermost reduction updates fewer independent accumulator blocks than latency x issue rate
+  needs, or loads their operands slower than they compute (`step_blocks`); zeroing each
   accumulator tile (one primitive issue per block of it); the epilogue on the vector unit of
   the accumulator's level (a clip is two operations).
 - **Overlap, explicit copies** (every tile in a managed level, copied by a mover: VTA, TPU):
