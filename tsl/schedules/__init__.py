@@ -75,14 +75,31 @@ def schedule_gemm(s: Schedule) -> None:
     mr, nr = m_inner * p.m, n_inner * p.n
     m_outer = s.knob("m_outer", _round_choices(M, mr, (1, 2, 4, 8, 16, 32)))
     n_outer = s.knob("n_outer", _round_choices(N, nr, (1, 2, 4, 8, 16, 32)))
-    k_inner = s.knob("k_inner", _round_choices(K, p.k, (1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    # split_k: the reduction cut in parts that run on their own cores too, each summing its
+    # part (split_reduction), for operators with too few output tiles to give every core
+    # work; only on machines that list the splits they reduce (params.split_k).
+    units = -(-K // p.k)
+    split = s.knob("split_k", [c for c in s.machine.params["split_k"] if c <= units]
+                   ) if "split_k" in s.machine.params else 1
+    part = -(-K // split)
+    k_inner = s.knob("k_inner", _round_choices(part, p.k, (1, 2, 4, 8, 16, 32, 64, 128, 256)))
     i0, i1, i2, i3 = s.tile(i, mr * m_outer, mr, p.m)
     j0, j1, j2, j3 = s.tile(j, nr * n_outer, nr, p.n)
-    k0, k1, k2 = s.tile(k, k_inner * p.k, p.k)
+    kt = k_inner * p.k
+    if split > 1:
+        ks, k0, k1, k2 = s.tile(k, -(-part // kt) * kt, kt, p.k)
+        if ks.extent == 1:
+            raise ScheduleError(f"split_k={split} with k_inner={k_inner}: one step of "
+                                f"{kt} covers the whole reduction ({K}); nothing to split")
+        s.split_reduction(ks)
+        splits = [ks]
+    else:
+        k0, k1, k2 = s.tile(k, kt, p.k)
+        splits = []
     # Which operand's panel stays resident across the inner block loop: its loop goes outer.
     blocks = [j0, i0] if s.knob("outer", ("n", "m")) == "n" else [i0, j0]
-    s.reorder(*b, *blocks, i1, j1, k0, k1, i2, j2, i3, j3, k2)
-    s.parallel(b + blocks, "core")
+    s.reorder(*b, *splits, *blocks, i1, j1, k0, k1, i2, j2, i3, j3, k2)
+    s.parallel(b + splits + blocks, "core")
     _stage_and_map(s, [i1, j1], k0, k1, i3, stages)
 
 

@@ -38,6 +38,8 @@ NCHW is refused: its tiles would need a transposing copy.
 
 from __future__ import annotations
 
+import math
+
 from ...errors import LoweringError
 from ...lower import LowerContext, Lowering
 from ...primitives.schedule import Loop
@@ -168,7 +170,45 @@ class TensorCoreLowering(Lowering):
         if self.machine.params.get("cp_async", False):
             sch.annotate(rv, "software_pipeline_async_stages", [0])
 
+    def split_reduction(self, ctx: LowerContext, rv) -> None:
+        """The GEMM kernel computes the partial sums (block C_rf: [parts, M, N] of the
+        accumulator's dtype, in global memory); the block that adds them ("C") and the
+        epilogue become a second kernel (`_sum_partials`). mma.sync kernels only."""
+        if not self.uses_mma(ctx.op):
+            raise LoweringError(f"{ctx.tsl.op} on {self.machine.name}: a split reduction "
+                                f"(split_k > 1) is built for the ldmatrix + mma.sync kernels "
+                                f"only; use split_k=1")
+        ctx.sch.rfactor(rv, factor_axis=0)
+        ctx.main = "C_rf"
+
+    def _sum_partials(self, ctx: LowerContext) -> None:
+        """The second kernel of a split reduction: each thread sums the partials of 4 adjacent
+        outputs in registers, in order (part 0 first: deterministic), applies the epilogue
+        once and stores them, 16 bytes at a time; 32 threads a warp, warps along
+        threadIdx.y."""
+        sch = ctx.sch
+        total, vec = math.prod(ctx.op.output.shape), 4  # N is padded to 16: whole vectors
+        warps = next(w for w in (8, 4, 2, 1) if total % (w * 32 * vec) == 0)
+        wb = sch.get_sblock("C")
+        *spatial, last, parts = sch.get_loops(wb)
+        last, v = sch.split(last, [None, vec])
+        sch.reorder(parts, v)
+        bx, ty, tx = sch.split(sch.fuse(*spatial, last), [None, warps, 32])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        sch.decompose_reduction(wb, parts)
+        try:
+            out = sch.get_sblock("out")
+            sch.set_scope(wb, 0, "local")
+        except Exception:  # noqa: BLE001 - no epilogue: the sums are copied out as they are
+            out = sch.cache_write(wb, 0, "local")
+        sch.reverse_compute_at(out, tx, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(out)[-1])
+
     def epilogue(self, ctx: LowerContext, at: Loop | None) -> None:
+        if ctx.main != "C":
+            return self._sum_partials(ctx)
         if self.uses_mma(ctx.op):
             # Register-direct: the epilogue is computed by the store from the registers.
             try:
@@ -194,7 +234,7 @@ class TensorCoreLowering(Lowering):
                                 f"accumulator level (cache(...)); missing: {missing}")
         dt, acc = op.dtype, op.acc_dtype
         b_col = bool(op.params.get("transpose_b"))  # B given as [N, K]: column-major fragments
-        k_outer = next(lp for lp in s.loops if s.role_of(lp.axes[0]) == "k")
+        k_outer = next(lp for lp in s.loops if s.reduces(lp))
         init = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
         if self.uses_mma(op):
             return self._tensorize_mma(ctx, loop, init, b_col)

@@ -139,7 +139,8 @@ class TensorCoreArtifact(Artifact):
     def _compile(self, arch: str | None = None) -> tuple[str, bytes, dict]:
         arch = arch or self.arch
         if arch not in self._compiled:
-            self._compiled[arch] = codegen.compile_cuda(self.kernel.source, arch)
+            self._compiled[arch] = codegen.compile_cuda(self.kernel.source, arch,
+                                                          self.kernel.name)
         return self._compiled[arch]
 
     def ptx(self, arch: str | None = None) -> str:
