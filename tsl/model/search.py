@@ -160,7 +160,12 @@ def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,
             srch.price({n: rng.choice(space[n]) for n in free})
         ranked = sorted((c for c in srch.seen.values() if c is not None),
                         key=lambda c: c.estimate.seconds)
-        for start in ranked[:STARTS]:
+        # Besides the best samples, the best with each knob at its first choice (a split
+        # reduction's 1, no split): a region the best samples may all be outside of.
+        starts = ranked[:STARTS]
+        starts += [next(c for c in ranked if c.knobs.get(n) == space[n][0])
+                   for n in free if any(c.knobs.get(n) == space[n][0] for c in ranked)]
+        for start in {id(c): c for c in starts}.values():
             srch.descend(start)
     found = {}
     for c in srch.seen.values():

@@ -77,7 +77,8 @@ def tile_of(schedule, instruction: str) -> Tile:
     staged = [st.at for st in s.stages if st.level.role == "scratchpad"]
     pipelined = next((lp for lp in s.loops if lp.stages > 1), None)
     step_at = pipelined or (staged[0] if staged else None)
-    k_total = math.prod(ext[a] for a in ext if s.role_of(a) == "k")
+    # A split reduction's part per block (split_reduction: each block sums one part).
+    k_total = math.prod(ext[a] for a in ext if s.role_of(a) == "k") // s.split_parts
     if step_at is not None:
         inside = s.loops.index(step_at) + 1
         k_step = math.prod(lp.extent for lp in s.loops[inside:]
@@ -185,19 +186,45 @@ def occupancy(machine, threads: int, regs: int, smem: int, regs_from: str) -> Oc
 def hbm_bytes(schedule, resident: int) -> int:
     """HBM traffic of a launch whose blocks run in waves of `resident` (SMs x blocks per SM)
     in launch order: the L2 cache lets a wave read each A row panel and B column panel it
-    touches once; the output is written once."""
+    touches once; the output is written once (a split reduction's GEMM kernel: its partial
+    sums, `partial_bytes`)."""
     s, op = schedule, schedule.op
     ext = s.padded_extents()
     block = _extents_inside(s, _parallel_index(s, "core"))
     cols = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) == "n")
     rows = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) in ("m", "b"))
     a, b = (op.footprint(x, ext) * dtype_bytes(op.input(x).dtype) for x in ("A", "B"))
-    out = op.footprint("C", ext) * dtype_bytes(op.out_dtype)
-    other = sum(math.prod(t.shape) * dtype_bytes(t.dtype) for t in op.inputs
-                if t.role not in ("A", "B"))
-    waves = math.ceil(rows * cols / resident)
+    if s.split_parts > 1:
+        out, other = partial_bytes(s), 0  # the epilogue's inputs: read by the second kernel
+    else:
+        out = op.footprint("C", ext) * dtype_bytes(op.out_dtype)
+        other = sum(math.prod(t.shape) * dtype_bytes(t.dtype) for t in op.inputs
+                    if t.role not in ("A", "B"))
+    # The parts of a split reduction are more blocks of the same row and column panels.
+    waves = math.ceil(s.split_parts * rows * cols / resident)
     per_wave = min(rows, math.ceil(resident / cols)) * a / rows + min(cols, resident) * b / cols
     return int(max(a + b, min(a * cols + b * rows, waves * per_wave)) + out + other)
+
+
+def partial_bytes(schedule) -> int:
+    """A split reduction's partial sums: parts x the padded output, in the accumulator's
+    dtype (0 without a split)."""
+    s = schedule
+    if s.split_parts == 1:
+        return 0
+    return s.split_parts * s.op.footprint("C", s.padded_extents()) * dtype_bytes(s.op.acc_dtype)
+
+
+def sum_bytes(schedule) -> int:
+    """What the second kernel of a split reduction moves: it reads the partial sums and the
+    epilogue's other inputs (a bias), and writes the output (0 without a split)."""
+    s, op = schedule, schedule.op
+    if s.split_parts == 1:
+        return 0
+    out = op.footprint("C", s.padded_extents()) * dtype_bytes(op.out_dtype)
+    other = sum(math.prod(t.shape) * dtype_bytes(t.dtype) for t in op.inputs
+                if t.role not in ("A", "B"))
+    return partial_bytes(s) + out + other
 
 
 def price(schedule, instruction: str | None = None, regs: int | None = None,
@@ -213,7 +240,8 @@ def price(schedule, instruction: str | None = None, regs: int | None = None,
                     "ptxas" if regs is not None else "model")
     padded = 2.0 * math.prod(s.padded_extents().values())
     hbm = hbm_bytes(s, occ.blocks_per_sm * m.cores())
-    return model(m, t, 2.0 * s.op.macs, padded, occ.blocks_per_sm, hbm, s.op.dtype), occ
+    return model(m, t, 2.0 * s.op.macs, padded, occ.blocks_per_sm, hbm, s.op.dtype,
+                 parts=s.split_parts, sum_bytes=sum_bytes(s)), occ
 
 
 def instruction_of(source: str) -> str:
@@ -261,14 +289,24 @@ class Model:
     cycles: float
     clock_hz: float
     hbm_seconds: float
+    # A split reduction: partial sums per output, and the second kernel that adds them (its
+    # launch gap, and its traffic at the rate of where the partials are).
+    parts: int = 1
+    sum_gap_seconds: float = 0.0
+    sum_traffic_seconds: float = 0.0
     kind: str = "model"
 
     @property
+    def sum_seconds(self) -> float:
+        return self.sum_gap_seconds + self.sum_traffic_seconds
+
+    @property
     def seconds(self) -> float:
-        return max(self.cycles / self.clock_hz, self.hbm_seconds)
+        return max(self.cycles / self.clock_hz, self.hbm_seconds) + self.sum_seconds
 
     @property
     def limiter(self) -> str:
+        """What bounds the GEMM kernel (a split reduction's sum kernel is added to it)."""
         if self.hbm_seconds >= self.cycles / self.clock_hz:
             return "HBM"
         return max(self.step_cycles, key=self.step_cycles.get)
@@ -281,9 +319,10 @@ class Model:
 
     @property
     def upper_bound_seconds(self) -> float:
-        """The emitted instruction's roofline: nothing issuing it can be faster."""
+        """The emitted instruction's roofline: nothing issuing it can be faster (with a split
+        reduction, nor without moving its partial sums once more)."""
         rate = self.peak * self.instruction_rate * self.wave_efficiency
-        return max(self.padded_flops / rate, self.hbm_seconds)
+        return max(self.padded_flops / rate, self.hbm_seconds) + self.sum_traffic_seconds
 
     @property
     def rate(self) -> float:
@@ -304,12 +343,18 @@ class Model:
             f"{100 * self.instruction_rate:.0f}% of peak, "
             f"{100 * self.wave_efficiency:.0f}% of the last wave busy)",
             f"  per k-step of a block (cycles): {step}; per block, exposed: {exposed}",
-            f"  {self.blocks_per_sm} block(s)/SM, {self.waves:.2f} waves on {self.sms} SMs"])
+            f"  {self.blocks_per_sm} block(s)/SM, {self.waves:.2f} waves on {self.sms} SMs"]
+            + ([f"  split reduction: {self.parts} partial sums per output, added by a second "
+                f"kernel: {self.sum_seconds * 1e6:.2f} us ({self.sum_gap_seconds * 1e6:.2f} "
+                f"launch gap + {self.sum_traffic_seconds * 1e6:.2f} traffic)"]
+               if self.parts > 1 else []))
 
 
 def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm: int,
-          hbm_bytes: float, dtype: str) -> Model:
-    """The modelled time of a kernel with block tile `tile` on `machine` (see the module)."""
+          hbm_bytes: float, dtype: str, parts: int = 1, sum_bytes: float = 0.0) -> Model:
+    """The modelled time of a kernel with block tile `tile` on `machine` (see the module);
+    with `parts` > 1 it computes partial sums, and a second kernel that moves `sum_bytes`
+    adds them."""
     p = machine.params
     prim = machine.primitive(dtype)
     rates = p.get("instruction_rate", {})
@@ -381,9 +426,19 @@ def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm:
         cycles += last
         if not full:
             step, exposed = step_last, exposed_last
+    gap = traffic = 0.0
+    if parts > 1:
+        if "kernel_gap_seconds" not in p:
+            raise TAMError(f"{machine.name}: a split reduction's second kernel needs "
+                           f"[params] kernel_gap_seconds (and l2_capacity_bytes)")
+        gap = float(p["kernel_gap_seconds"])
+        # The partial sums were just written: read from the L2 if they fit in it.
+        resident_l2 = sum_bytes <= float(p.get("l2_capacity_bytes", 0))
+        traffic = sum_bytes / float(p["l2_bytes_per_s" if resident_l2 else "hbm_bytes_per_s"])
     return Model(machine.name, t.instruction, irate, machine.peak(dtype), flops, padded_flops,
                  blocks_per_sm, sms, t.blocks / resident, step, exposed, cycles,
-                 machine.clock_hz, hbm_bytes / float(p["hbm_bytes_per_s"]))
+                 machine.clock_hz, hbm_bytes / float(p["hbm_bytes_per_s"]), parts, gap,
+                 traffic)
 
 
 def schedule_program(schedule) -> Program:
