@@ -91,6 +91,7 @@ class Schedule:
         self.knob_values = dict(knobs or {})
         self._given = tuple(self.knob_values)  # checked against the declared knobs in validate
         self.space: dict[str, tuple] = {}
+        self.refining: set[str] = set()  # knobs declared with refines=True
         self.steps: list[Step] = []
         self.stages: list[Stage] = []
         self.epilogue_at: Loop | None = None
@@ -136,13 +137,19 @@ class Schedule:
         return "\n".join([head] + [f"  {s}" for s in self.steps])
 
     # -- knobs ------------------------------------------------------------------------------
-    def knob(self, name: str, choices, default=None):
+    def knob(self, name: str, choices, default=None, refines: bool = False):
         """A tunable value. Returns the value fixed for `name` in the schedule's knobs, else
-        `default` (else the first choice). `tsl.tune` searches over `choices`."""
+        `default` (else the first choice). `tsl.tune` searches over `choices`.
+
+        `refines`: the knob changes a setting of the others rather than making one of its own
+        (a split of the reduction refines a tiling); the model's search settles the other
+        knobs with it at its first choice, then lets it move (`tsl.model.search`)."""
         choices = tuple(choices)
         if not choices:
             raise ScheduleError(f"knob({name!r}): needs at least one choice")
         self.space[name] = choices
+        if refines:
+            self.refining.add(name)
         value = self.knob_values.get(name, choices[0] if default is None else default)
         if value not in choices:
             raise ScheduleError(f"knob({name!r}): value {value!r} is not one of its choices "

@@ -75,22 +75,20 @@ def schedule_gemm(s: Schedule) -> None:
     mr, nr = m_inner * p.m, n_inner * p.n
     m_outer = s.knob("m_outer", _round_choices(M, mr, (1, 2, 4, 8, 16, 32)))
     n_outer = s.knob("n_outer", _round_choices(N, nr, (1, 2, 4, 8, 16, 32)))
-    # split_k: the reduction cut in parts that run on their own cores too, each summing its
-    # part (split_reduction), for operators with too few output tiles to give every core
-    # work; only on machines that list the splits they reduce (params.split_k).
-    units = -(-K // p.k)
-    split = s.knob("split_k", [c for c in s.machine.params["split_k"] if c <= units]
-                   ) if "split_k" in s.machine.params else 1
-    part = -(-K // split)
-    k_inner = s.knob("k_inner", _round_choices(part, p.k, (1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    k_inner = s.knob("k_inner", _round_choices(K, p.k, (1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    kt = k_inner * p.k
+    # split_k: the reduction's steps cut in that many parts, which run on their own cores
+    # too, each summing its part (split_reduction), for operators with too few output tiles
+    # to give every core work; on machines that list the splits they reduce
+    # (params.split_k), the splits that make parts of equal whole steps.
+    steps = -(-K // kt)
+    split = s.knob("split_k", [c for c in s.machine.params["split_k"]
+                               if c == -(-steps // -(-steps // c))],
+                   refines=True) if "split_k" in s.machine.params else 1
     i0, i1, i2, i3 = s.tile(i, mr * m_outer, mr, p.m)
     j0, j1, j2, j3 = s.tile(j, nr * n_outer, nr, p.n)
-    kt = k_inner * p.k
     if split > 1:
-        ks, k0, k1, k2 = s.tile(k, -(-part // kt) * kt, kt, p.k)
-        if ks.extent == 1:
-            raise ScheduleError(f"split_k={split} with k_inner={k_inner}: one step of "
-                                f"{kt} covers the whole reduction ({K}); nothing to split")
+        ks, k0, k1, k2 = s.tile(k, -(-steps // split) * kt, kt, p.k)
         s.split_reduction(ks)
         splits = [ks]
     else:
