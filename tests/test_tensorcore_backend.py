@@ -319,8 +319,8 @@ def test_knob_search_prices_warps_by_the_back_ends_model():
 @pytest.mark.parametrize("n,k", [(768, 768), (3072, 768), (768, 3072)])
 def test_bert_dense_tiles_fill_the_sms(n, k):
     """Wave quantization is priced: a 128 x 256 tile would give a BERT-base dense 3 .. 12
-    blocks on 108 SMs; the model picks tiles that give most SMs a block, and prices the
-    large tile slower."""
+    blocks on 108 SMs; the model picks tiles (and splits of the reduction) that give most SMs
+    a block, and prices the large tile slower."""
     from tsl.backends.cuda_tensorcore import model
 
     op = tsl.ops.dense(128, n, k, dtype="float16")
@@ -328,7 +328,8 @@ def test_bert_dense_tiles_fill_the_sms(n, k):
     sms = s.machine.cores()
     assert t.blocks >= sms * 2 // 3 and mod.waves <= 1, (t, mod.waves)
     big = record_fixed(op, s.machine, s.choice.fn, {
-        **s.knob_values, "m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2})
+        **s.knob_values, "m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2,
+        "split_k": 1})
     big_model = model.price(big)[0]
     assert big_model.waves * sms <= 12 and big_model.seconds > mod.seconds
 
@@ -622,3 +623,66 @@ def test_swizzled_shared_tiles_have_no_bank_conflicts(name):
     # conflicts, the ldmatrix reads down a column of 16-byte blocks do not.
     plain = bank_conflicts(art.source().replace("^", "| 0 *"), warps)
     assert plain["ldmatrix"] > 0
+
+
+# -- split reductions (split-K) -----------------------------------------------------------------
+# K split in whole steps: a ragged dense with bias + relu in 4 parts (K = 200 of 256 padded:
+# the last part is mostly padding), and an exact int8 GEMM without an epilogue in 2 parts.
+SPLIT = {
+    "dense-f16-bias-relu-split4": (
+        lambda: tsl.ops.dense(72, 200, 40, dtype="float16",
+                              epilogue=tsl.ops.bias() + tsl.ops.relu()),
+        {"m_inner": 2, "n_inner": 1, "m_outer": 2, "n_outer": 1, "k_inner": 2, "split_k": 4,
+         "stages": 2, "outer": "n"}),
+    "matmul-s8-split2": (
+        lambda: tsl.ops.matmul(48, 64, 200, dtype="int8"),
+        {"m_inner": 1, "n_inner": 2, "m_outer": 1, "n_outer": 2, "k_inner": 1, "split_k": 2,
+         "stages": 2, "outer": "m"}),
+}
+
+
+@needs_gxx
+@needs_nvcc
+@pytest.mark.parametrize("name", SPLIT)
+def test_split_reduction_emulated_and_assembled(name):
+    """Split-K: the GEMM kernel writes each part's partial sums to a workspace, a second
+    kernel adds them in order and applies the epilogue once; both run in the emulator (the
+    workspace poisoned with NaN / 0x7F bytes) and match NumPy, and ptxas spills nothing in
+    either."""
+    op, knobs = SPLIT[name]
+    art = tsl.build(op(), "tensorcore-sm80", knobs=knobs)
+    parts = knobs["split_k"]
+    gemm, (total,) = art.kernel, art.kernel.after  # launched in this order
+    (work, dtype, elements), = gemm.workspace
+    big = art.ctx.op
+    assert elements == parts * big.output.shape[0] * big.output.shape[1]
+    assert dtype == big.acc_dtype and work in dict(gemm.params) and work in dict(total.params)
+    assert art.schedule.split_parts == parts and gemm.grid[0] % parts == 0
+    ok, err = wmma_emulator.verify(art, seed=11)
+    assert ok and (err == 0 if op().dtype == "int8" else err < 1e-5), err
+    ok, summary = art.check("sm_80")
+    assert ok, summary
+    functions = art.resources("sm_80")["functions"]
+    assert set(functions) == {gemm.name, total.name}
+    assert all(f["spill_bytes"] == 0 for f in functions.values()), functions
+
+
+def test_search_splits_the_reduction_where_the_model_says_it_pays():
+    """BERT-base's FFN output (128 x 768, K = 3072): 12 output tiles of 64 x 128 in 8 parts
+    fill the SMs, and the model prices the partial sums' traffic and the second kernel (its
+    launch gap) below the unsplit kernel's time; for K = 768 the gap costs more than the
+    split saves, and the search keeps the reduction whole."""
+    from tsl.backends.cuda_tensorcore import model
+
+    s, t, mod, occ = _chosen(tsl.ops.dense(128, 3072, 768, dtype="float16"))
+    assert s.split_parts > 1 and mod.parts == s.split_parts and mod.sum_gap_seconds > 0
+    assert t.blocks >= s.machine.cores() * 2 // 3
+    whole = tsl.schedule(s.op, s.machine, knobs={"split_k": 1})
+    assert model.price(whole)[0].seconds > mod.seconds
+    assert mod.sum_traffic_seconds > 0 and "split reduction: " in str(mod)
+    short, *_ = _chosen(tsl.ops.dense(128, 768, 768, dtype="float16"))
+    assert short.split_parts == 1
+    split = tsl.schedule(short.op, short.machine, knobs={"split_k": 8})
+    assert model.price(split)[0].seconds > model.price(short)[0].seconds
+    # Machines that do not list splits have no such knob.
+    assert "split_k" not in tsl.schedule(s.op, "tensorcore-sm90").space

@@ -39,9 +39,18 @@ class Kernel:
         return self.dynamic_shared_bytes + self.static_shared_bytes
 
     def launch(self) -> dict:
+        """kernel.json's launch facts: this kernel's at the top level; in "launches" every
+        kernel of the sequence in order (name, grid, block, dynamic shared memory, its
+        arguments by name: the operator's tensors and the workspaces), in "workspace" the
+        buffers to allocate."""
         d = asdict(self)
-        d.pop("source")
+        for key in ("source", "after", "workspace"):
+            d.pop(key)
         d["kernel"] = d.pop("name")
+        d["launches"] = [{"kernel": k.name, "grid": list(k.grid), "block": list(k.block),
+                          "dynamic_shared_bytes": k.dynamic_shared_bytes,
+                          "args": [n for n, _ in k.params]} for k in (self, *self.after)]
+        d["workspace"] = [{"name": n, "dtype": dt, "elements": e} for n, dt, e in self.workspace]
         return d
 
 

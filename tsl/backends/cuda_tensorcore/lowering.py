@@ -197,12 +197,12 @@ class TensorCoreLowering(Lowering):
         sch.bind(bx, "blockIdx.x")
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
-        sch.decompose_reduction(wb, parts)
         try:
             out = sch.get_sblock("out")
             sch.set_scope(wb, 0, "local")
         except Exception:  # noqa: BLE001 - no epilogue: the sums are copied out as they are
             out = sch.cache_write(wb, 0, "local")
+        sch.decompose_reduction(wb, parts)
         sch.reverse_compute_at(out, tx, preserve_unit_loops=True)
         sch.vectorize(sch.get_loops(out)[-1])
 
