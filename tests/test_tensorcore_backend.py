@@ -231,10 +231,15 @@ def test_export(tmp_path):
     assert meta["dynamic_shared_bytes"] == art.kernel.dynamic_shared_bytes > 0
     assert [p["role"] for p in meta["params"]] == ["A", "B", "bias", "out"]
     assert meta["params"][-1]["dtype"] == "float32"
+    assert meta["launches"] == [{"kernel": art.kernel.name, "grid": meta["grid"],
+                                 "block": meta["block"], "dynamic_shared_bytes":
+                                 meta["dynamic_shared_bytes"],
+                                 "args": [p["name"] for p in meta["params"]]}]
+    assert meta["workspace"] == []
     images = meta["images"]
     assert (path / images["ptx"]["file"]).read_text().startswith("//")
     assert all((path / f).stat().st_size > 0 for f in images["cubin"].values())
-    assert meta["format"] == "tsl-cuda-kernel/2" and meta["reference"]["op"] == "dense"
+    assert meta["format"] == "tsl-cuda-kernel/3" and meta["reference"]["op"] == "dense"
 
 
 def test_estimate_and_benchmark():
