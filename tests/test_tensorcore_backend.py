@@ -163,6 +163,18 @@ def test_default_suite_has_no_spills_and_shared_loads(machine, arch):
 
 
 @needs_nvcc
+def test_conv2d_rows_of_a_tile_keep_their_accumulators_in_registers():
+    """Two output rows per tile outside the reduction (reduce_rows=False, as the model picks
+    for the bench's ResNet layer on sm_80): each row's accumulator fragments are its own, the
+    row loop is unrolled, so ptxas needs no stack frame (it was 512 B of local memory)."""
+    art = tsl.build(CONV["conv-f16-bias-relu"](), "tensorcore-sm80",
+                    knobs={"h_inner": 2, "reduce_rows": False, "stages": 2})
+    res = art.resources("sm_80")
+    assert res["stack_bytes"] == 0 and res["spill_bytes"] == 0, res["log"]
+    assert art.check("sm_80")[0]
+
+
+@needs_nvcc
 def test_check_fails_on_spills_and_generic_loads():
     art = copy.copy(built("matmul-bf16"))
     art._compiled = {}
@@ -171,6 +183,9 @@ def test_check_fails_on_spills_and_generic_loads():
     art._compiled["sm_90"] = (ptx, cubin, {**rep, "spill_bytes": 8})
     ok, summary = art.check("sm_90")
     assert not ok and "8 B of register spills" in summary
+    art._compiled["sm_90"] = (ptx, cubin, {**rep, "stack_bytes": 512})
+    ok, summary = art.check("sm_90")
+    assert not ok and "512 B of local memory" in summary
     generic = ptx.replace(".m16n16k16.shared.bf16", ".m16n16k16.bf16")
     art._compiled["sm_90"] = (generic, cubin, rep)
     ok, summary = art.check("sm_90")

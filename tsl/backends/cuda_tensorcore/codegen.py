@@ -237,6 +237,7 @@ def require_nvcc() -> str:
 _REGS = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK = re.compile(r"(\d+) bytes stack frame")  # local memory: arrays indexed at run time
 # ptxas -v: one section per entry function, from its "Compiling entry function" line on.
 _FUNCTION = re.compile(r"Compiling entry function '(\w+)'(.*?)(?=Compiling entry function|\Z)",
                        re.S)
@@ -244,9 +245,10 @@ _FUNCTION = re.compile(r"Compiling entry function '(\w+)'(.*?)(?=Compiling entry
 
 def compile_cuda(source: str, arch: str, first: str | None = None) -> tuple[str, bytes, dict]:
     """nvcc `source` to PTX for `arch` (e.g. "sm_90"), then ptxas to a cubin. Returns (ptx,
-    cubin, ptxas' report {registers, static_shared_bytes, spill_bytes, functions, log}):
-    registers and static shared bytes of kernel `first` (default: the one ptxas reports
-    first), spills of all, and per kernel in `functions`."""
+    cubin, ptxas' report {registers, static_shared_bytes, spill_bytes, stack_bytes, functions,
+    log}): registers and static shared bytes of kernel `first` (default: the one ptxas
+    reports first), spills and stack frames (local memory) of all, and per kernel in
+    `functions`."""
     exe = require_nvcc()
     ptxas = str(Path(exe).with_name("ptxas"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -262,12 +264,15 @@ def compile_cuda(source: str, arch: str, first: str | None = None) -> tuple[str,
         functions = {}
         for name, part in _FUNCTION.findall(log):
             regs, smem, spill = _REGS.search(part), _SMEM.search(part), _SPILL.search(part)
+            stack = _STACK.search(part)
             functions[name] = {"registers": int(regs.group(1)) if regs else 0,
                                "static_shared_bytes": int(smem.group(1)) if smem else 0,
-                               "spill_bytes": sum(map(int, spill.groups())) if spill else 0}
+                               "spill_bytes": sum(map(int, spill.groups())) if spill else 0,
+                               "stack_bytes": int(stack.group(1)) if stack else 0}
         if not functions:
             raise LoweringError(f"ptxas -v for {arch} reported no entry function:\n{log}")
         report = {**functions.get(first, next(iter(functions.values()))),
                   "spill_bytes": sum(f["spill_bytes"] for f in functions.values()),
+                  "stack_bytes": sum(f["stack_bytes"] for f in functions.values()),
                   "functions": functions, "log": log}
         return ptx.read_text(), cubin.read_bytes(), report

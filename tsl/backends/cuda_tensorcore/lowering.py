@@ -312,6 +312,7 @@ class TensorCoreLowering(Lowering):
                 pass
         warps = next((lp.extent for lp in s.loops if lp.parallel
                       and s.machine.compute_level(lp.parallel).role == "subcore"), 1)
+        _unroll_register_loops(ctx)
         if self.uses_mma(ctx.op):
             # Swizzled shared tiles (TVM's InjectPermutedLayout): the 16-byte column block
             # of row r is stored at block ^ (r % 8) (^ (r % 8 // 2) for 64-byte rows), for
@@ -343,6 +344,23 @@ class TensorCoreLowering(Lowering):
         out_bytes, acc_bytes = dtype_bytes(ctx.op.out_dtype), dtype_bytes(ctx.op.acc_dtype)
         _spread(sch, ctx.blocks["C_store"], 1, ctx.op.out_dtype,
                 vector_bytes=int(VECTOR_BYTES * min(1, out_bytes / acc_bytes)))
+
+
+def _unroll_register_loops(ctx: LowerContext) -> None:
+    """Unroll the serial loops between the accumulator's staging and the reduction (conv2d's
+    output rows of a tile, h_inner, when they are not inside the reduction): each iteration
+    uses its own accumulator fragments, and registers cannot be indexed by a loop counter;
+    rolled (its body, the whole pipelined reduction, is too big for nvcc to unroll by
+    itself), the fragments would live in local memory (a stack frame in ptxas -v)."""
+    s = ctx.tsl
+    acc = next((st.at for st in s.stages if st.operand == "C"), None)
+    if acc is None:
+        return
+    for lp in s.loops[s.loops.index(acc) + 1:]:
+        if s.reduces(lp):
+            return
+        if lp.extent > 1 and not lp.parallel:
+            ctx.sch.unroll(ctx.rv(lp))
 
 
 def _blocked(sch, block, buffer) -> None:

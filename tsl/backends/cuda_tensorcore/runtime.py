@@ -183,8 +183,8 @@ class TensorCoreArtifact(Artifact):
 
     def check(self, arch: str | None = None) -> tuple[bool, str]:
         """(ok, summary): the PTX has the mma instructions (and cp.async when pipelined), every
-        fragment load reads shared memory as such, ptxas spills nothing and its resources fit
-        the machine."""
+        fragment load reads shared memory as such, ptxas spills nothing, no kernel has a stack
+        frame (local memory) and its resources fit the machine."""
         ins, res = self.instructions(arch), self.resources(arch)
         mma = ins["wmma.mma"] + ins["mma.sync"]
         problems = ([] if mma else ["no Tensor Core instruction"]) + (
@@ -193,6 +193,8 @@ class TensorCoreArtifact(Artifact):
             [f"{ins['wmma.load generic']} fragment loads through generic addresses"]
             if ins["wmma.load generic"] else []) + (
             [f"{res['spill_bytes']} B of register spills"] if res["spill_bytes"] else []) + (
+            [f"{res['stack_bytes']} B of local memory (a stack frame: registers indexed at "
+             f"run time)"] if res["stack_bytes"] else []) + (
             [] if res["fits"] else ["resources exceed the machine"])
         loads = (f"mma.sync x{ins['mma.sync']}, ldmatrix x{ins['ldmatrix']}" if ins["mma.sync"]
                  else f"wmma.mma x{ins['wmma.mma']}, wmma.load x{ins['wmma.load']}")
