@@ -15,6 +15,8 @@ back end's business)::
 
 from __future__ import annotations
 
+import math
+
 from ..errors import ScheduleError
 from ..primitives.schedule import Schedule
 
@@ -79,12 +81,15 @@ def schedule_gemm(s: Schedule) -> None:
     kt = k_inner * p.k
     # split_k: the reduction's steps cut in that many parts, which run on their own cores
     # too, each summing its part (split_reduction), for operators with too few output tiles
-    # to give every core work; on machines that list the splits they reduce
-    # (params.split_k), the splits that make parts of equal whole steps.
+    # to give every core work (fewer than 4 x 4 primitive tiles per core); on machines that
+    # list the splits they reduce (params.split_k), the splits that make parts of equal
+    # whole steps.
     steps = -(-K // kt)
+    tiles = math.prod(a.extent for a in b) * -(-M // p.m) * -(-N // p.n)
     split = s.knob("split_k", [c for c in s.machine.params["split_k"]
                                if c == -(-steps // -(-steps // c))],
-                   refines=True) if "split_k" in s.machine.params else 1
+                   refines=True) if ("split_k" in s.machine.params
+                                     and tiles < 16 * s.machine.cores()) else 1
     i0, i1, i2, i3 = s.tile(i, mr * m_outer, mr, p.m)
     j0, j1, j2, j3 = s.tile(j, nr * n_outer, nr, p.n)
     if split > 1:
