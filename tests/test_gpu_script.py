@@ -112,9 +112,8 @@ KNOBS = {"f_dense_f16_split": {"m_inner": 2, "n_inner": 1, "m_outer": 1, "n_oute
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """The kernels exported by tsl for sm_80 (one a split reduction: two kernels), and two
-    broken copies between them: one whose
-    entry name is wrong (it cannot load), one whose grid misses its last block (an output tile
-    is never written)."""
+    broken copies between them: one whose entry name is wrong (it cannot load), one whose grid
+    misses its last block (an output tile is never written)."""
     root = tmp_path_factory.mktemp("kernels")
     for name, op in OPS.items():
         tsl.build(op(), target="tensorcore-sm80", knobs=KNOBS.get(name)).export(root / name)

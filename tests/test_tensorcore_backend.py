@@ -488,7 +488,8 @@ MMA = {
                           {"stages": 2}),
     "matmul-bf16-128x256-8warps-4stages": (
         lambda: tsl.ops.matmul(128, 256, 160, dtype="bfloat16"),
-        {"m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2, "stages": 4}),
+        {"m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2, "stages": 4,
+         "split_k": 1}),
     # int8 -> int32 on mma.sync.m16n8k32: B as [K, N] has no 8-bit ldmatrix.trans (each lane
     # gathers its bytes, tsl_lds4); B as [N, K] is loaded with ldmatrix like A.
     "matmul-s8-ragged": (lambda: tsl.ops.matmul(72, 100, 80, dtype="int8"),

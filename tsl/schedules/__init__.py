@@ -4,7 +4,8 @@ and knobs only. Every back end accepts these functions unchanged.
 The nest they build, outer to inner (the same on every machine; what each loop becomes is the
 back end's business)::
 
-    b, i.0, j.0     blocks of the output     -> parallel over the "core" compute level
+    b, i.0, j.0     blocks of the output     -> parallel over the "core" compute level, with
+                                                 the parts of a split reduction (split_k)
     i.1, j.1        accumulator tiles         -> parallel over "subcore" (warps) if present;
                                                  C is staged in the "accumulator" level here
     k.0             reduction blocks          -> A and B staged in "scratchpad" levels, pipelined

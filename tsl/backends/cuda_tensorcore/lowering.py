@@ -25,6 +25,10 @@ On a machine with `mma_sync` (sm_80) the fp16 / bf16 / int8 GEMM family takes an
                                    store from them, two fp32 per lane as one 8-byte store
     tensorize                   -> two mma.sync.m16n8k16 per 16x16x16 step (m16n8k32 per
                                    16x16x32 step for int8)
+    split_reduction(k.0)        -> s_tir rfactor: the GEMM kernel writes each part's partial
+                                   sums to a workspace in global memory ([parts, M, N] of the
+                                   accumulator's dtype); a second kernel adds them in order
+                                   and applies the epilogue once (`_sum_partials`)
 
 conv2d (NHWC data, RSCK weights) is an implicit GEMM: rows are output pixels, columns output
 channels, the reduction is (r, s, input channel). The weights' tile is staged like a GEMM's B.

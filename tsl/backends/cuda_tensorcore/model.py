@@ -23,7 +23,11 @@ each accumulator fragment goes through shared memory between two barriers; mma.s
 stored from the registers). Blocks per SM come from registers, shared memory and warps
 (`occupancy`); blocks run in waves of (SMs x blocks per SM), the last wave with as many blocks
 per SM as it has, on as many SMs (wave quantization: a grid of 3 blocks uses 3 SMs). The result
-is floored by the HBM traffic.
+is floored by the HBM traffic. A split reduction (split-K: `parts` blocks per output tile, each
+over its part of the reduction) writes its partial sums in place of the output, and adds a
+second kernel: the launch gap of a dependent kernel plus its traffic (the partials read, the
+output written) from the L2 when they fit there, else from HBM (`kernel_gap_seconds`,
+`l2_capacity_bytes`).
 
 `upper_bound_seconds` is the roofline of the emitted instruction (its rate x the busy share of
 the last wave, or HBM): no kernel issuing that instruction can be faster, so a rate computed
