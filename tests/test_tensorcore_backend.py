@@ -70,7 +70,10 @@ def uses_mma(art) -> bool:
 @cache
 def built(name: str, machine: str = "tensorcore-sm90"):
     if name in SUITE:
-        return tsl.build(SUITE[name](), target=machine, knobs=WARPS_2X2)
+        # Whole reductions: split in parts (sm_80 lists splits), these small GEMMs would have
+        # one k-step per block, nothing to pipeline (test_split_reduction_* builds splits).
+        whole = {"split_k": 1} if "split_k" in tsl.load_machine(machine).params else {}
+        return tsl.build(SUITE[name](), target=machine, knobs={**WARPS_2X2, **whole})
     # Two stages: these small layers have one reduction step, where the model rightly
     # prefers no pipeline; the tests are about the cp.async copies of a pipelined one.
     return tsl.build(CONV[name](), target=machine, knobs={"stages": 2})
