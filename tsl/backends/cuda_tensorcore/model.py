@@ -204,9 +204,11 @@ def hbm_bytes(schedule, resident: int) -> int:
         out = op.footprint("C", ext) * dtype_bytes(op.out_dtype)
         other = sum(math.prod(t.shape) * dtype_bytes(t.dtype) for t in op.inputs
                     if t.role not in ("A", "B"))
-    # The parts of a split reduction are more blocks of the same row and column panels.
+    # A split reduction's blocks are launched part by part (its loop is outermost in the
+    # grid): a wave reads a part of the row and column panels of as many tiles.
     waves = math.ceil(s.split_parts * rows * cols / resident)
-    per_wave = min(rows, math.ceil(resident / cols)) * a / rows + min(cols, resident) * b / cols
+    per_wave = (min(rows, math.ceil(resident / cols)) * a / rows
+                + min(cols, resident) * b / cols) / s.split_parts
     return int(max(a + b, min(a * cols + b * rows, waves * per_wave)) + out + other)
 
 
