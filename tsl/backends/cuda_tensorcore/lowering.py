@@ -324,17 +324,24 @@ class TensorCoreLowering(Lowering):
             # rows of 32 elements or more, and a power of two of them: with rows of 96 the
             # XOR'ed index of a 16-byte vector is not seen to stay contiguous (the copy would
             # be scattered, no cp.async). Other tiles (a K or N of 16, k_inner = 6) stay
-            # unswizzled. So do int8 tiles: TVM's pass fails on 8-bit elements (their
-            # ldmatrix reads have bank conflicts; tsl_lds4's byte gathers anyway).
+            # unswizzled. TVM's pass fails on 8-bit elements: int8 tiles read by ldmatrix
+            # are padded instead (model.row_padding; rows of 64 bytes keep conflicts on
+            # their ldmatrix reads, tsl_lds4's byte gathers anyway).
             loads = dict(ctx.blocks["ldmatrix"])
             for operand in ("A", "B"):
                 blk = ctx.blocks[f"{operand}_shared"]
                 _spread(sch, blk, warps, ctx.op.dtype)
                 row = self.rows[operand]
-                if (operand in loads and dtype_bytes(ctx.op.dtype) == 2 and row >= 32
-                        and row & (row - 1) == 0):
+                if operand not in loads or row & (row - 1):
+                    continue
+                if dtype_bytes(ctx.op.dtype) == 2 and row >= 32:
                     sch.annotate(blk, "permuted_layout", 1)
                     sch.annotate(loads[operand], "permuted_layout", 1)
+                elif pad := model.row_padding(self.machine, ctx.op, operand, row):
+                    # 8-bit rows of 128+ bytes, padded: the 8 rows an ldmatrix reads at one
+                    # column fall in 8 different bank groups, and so do a quarter warp's
+                    # cp.async chunks (in one row).
+                    sch.storage_align(blk, 0, axis=-2, factor=row, offset=pad)
             return
         for operand in ("A", "B"):
             window = ctx.op.name == "conv2d" and operand == "A"

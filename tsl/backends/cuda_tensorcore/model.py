@@ -147,11 +147,24 @@ def epilogue_shared_bytes(tile: Tile) -> int:
     return int(rows * cols * tile.acc_bytes)
 
 
+def row_padding(machine, op, operand: str, row: int) -> int:
+    """Bytes the lowering adds to each `row`-element row of an operand's shared tile: 16 for
+    the 8-bit tiles ldmatrix reads (A; B given as [N, K]) in rows of a power of two of 128
+    bytes or more, so that the 8 rows of one ldmatrix fall in 8 different bank groups (TVM's
+    swizzle pass does not take 8-bit tiles)."""
+    if (planned_instruction(machine, op) != "mma_sync" or dtype_bytes(op.dtype) != 1
+            or (operand == "B" and not op.params.get("transpose_b"))):
+        return 0
+    return 16 if row >= 128 and row & (row - 1) == 0 else 0
+
+
 def shared_bytes(schedule, tile: Tile) -> int:
-    """Shared memory of a block: every staged A / B tile times its pipeline's buffers, and for
-    WMMA the accumulator tile its epilogue goes through."""
-    staged = sum(st.bytes * st.at.stages for st in schedule.stages
-                 if st.level.role == "scratchpad")
+    """Shared memory of a block: every staged A / B tile (with its rows' padding) times its
+    pipeline's buffers, and for WMMA the accumulator tile its epilogue goes through."""
+    s = schedule
+    staged = sum((st.bytes + st.elements // tile.block_k
+                  * row_padding(s.machine, s.op, st.operand, tile.block_k)) * st.at.stages
+                 for st in s.stages if st.level.role == "scratchpad")
     return int(staged + epilogue_shared_bytes(tile))
 
 
