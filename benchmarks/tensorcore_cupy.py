@@ -8,9 +8,10 @@ Two steps, so the GPU machine needs neither TVM nor nvcc:
     python benchmarks/tensorcore_cupy.py run kernels/ [--repeat 20] [--runs 10]
 
 `run` prints the driver (nvidia-smi; CuPy's runtime and driver versions) and the GPU first. Each
-exported kernel (a directory with kernel.json, format tsl-cuda-kernel/2: entry name, grid,
-block, dynamic shared memory, parameters, images, reference operator) runs in a process of its
-own, so a kernel that faults (and leaves its CUDA context unusable) is reported and the run
+exported kernel (a directory with kernel.json, format tsl-cuda-kernel/3: entry name, grid,
+block, dynamic shared memory, parameters, the kernels to launch in order with their arguments
+and the workspaces they need (a split reduction is two kernels), images, reference operator)
+runs in a process of its own, so a kernel that faults (and leaves its CUDA context unusable) is reported and the run
 goes on. Per kernel:
 
 - image: the PTX when the driver can JIT its ISA version (`.version 9.0` needs a CUDA 13
@@ -59,7 +60,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-FORMAT = "tsl-cuda-kernel/2"
+FORMAT = "tsl-cuda-kernel/3"
 
 
 def export(out: Path, target: str, quick: bool) -> None:
@@ -380,11 +381,13 @@ def run_one(path: Path, args) -> dict:
     cc = cp.cuda.Device().compute_capability
     file, row["image"] = choose_image(meta["images"], f"sm_{cc}",
                                       cp.cuda.runtime.driverGetVersion(), args.image)
-    fn = cp.RawModule(path=str(path / file)).get_function(meta["kernel"])
-    dyn = int(meta["dynamic_shared_bytes"])
-    if dyn > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = dyn
-    grid, block = tuple(meta["grid"]), tuple(meta["block"])
+    module = cp.RawModule(path=str(path / file))
+    kernels = []  # (function, launch) in launch order
+    for launch in meta["launches"]:
+        fn = module.get_function(launch["kernel"])
+        if launch["dynamic_shared_bytes"] > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = launch["dynamic_shared_bytes"]
+        kernels.append((fn, launch))
     ref_meta = meta["reference"]
 
     gen = torch.Generator(device=dev)
@@ -407,21 +410,33 @@ def run_one(path: Path, args) -> dict:
     sets = [{r: (t if i == 0 else t.clone()) for r, t in padded.items()} for i in range(n_sets)]
     outs = [torch.empty(tuple(out_p["shape"]), dtype=torch_dtype(torch, out_p["dtype"]),
                         device=dev) for _ in range(n_sets)]
+    # Workspaces (a split reduction's partial sums): one for all sets, the launches are in
+    # order on one stream.
+    work = {w["name"]: torch.empty(w["elements"], dtype=torch_dtype(torch, w["dtype"]),
+                                   device=dev) for w in meta["workspace"]}
     ptrs = [[np.uint64(s[p["role"]].data_ptr()) for p in ins] + [np.uint64(o.data_ptr())]
             for s, o in zip(sets, outs)]
+    named = [dict(zip([p["name"] for p in ins + [out_p]], ptr))
+             | {n: np.uint64(w.data_ptr()) for n, w in work.items()} for ptr in ptrs]
 
     if "launcher" in meta:
         # Tensor-map parameters (TMA): encoded once per input set by the driver, launched
         # with cuLaunchKernel on CuPy's current stream (so graph capture sees it).
+        if len(kernels) != 1:
+            raise RuntimeError("a launcher kernel is one launch; kernel.json lists "
+                               f"{len(kernels)}")
         tma = load_launcher(path / meta["launcher"])
         by_tensor = [{p["tensor"]: int(q) for p, q in zip(ins + [out_p], ptr)} for ptr in ptrs]
-        gos = [tma.Launch(fn.ptr, meta, b) for b in by_tensor]
+        gos = [tma.Launch(kernels[0][0].ptr, meta, b) for b in by_tensor]
 
         def launch(i):
             gos[i % n_sets](cp.cuda.get_current_stream().ptr)
     else:
         def launch(i):
-            fn(grid, block, tuple(ptrs[i % n_sets]), shared_mem=dyn)
+            for fn, k in kernels:
+                fn(tuple(k["grid"]), tuple(k["block"]),
+                   tuple(named[i % n_sets][a] for a in k["args"]),
+                   shared_mem=k["dynamic_shared_bytes"])
 
     def sync():
         cp.cuda.Device().synchronize()

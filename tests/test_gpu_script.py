@@ -101,17 +101,22 @@ OPS = {"a_dense_bf16": lambda: tsl.ops.dense(100, 72, 50, dtype="bfloat16",
                                              epilogue=tsl.ops.bias() + tsl.ops.relu()),
        "c_conv_f16": lambda: tsl.ops.conv2d(2, 3, 9, 9, 20, 3, 3, padding=1, layout="NHWC",
                                             dtype="float16"),
-       "e_matmul_s8": lambda: tsl.ops.matmul(64, 48, 96, dtype="int8")}
+       "e_matmul_s8": lambda: tsl.ops.matmul(64, 48, 96, dtype="int8"),
+       "f_dense_f16_split": lambda: tsl.ops.dense(64, 200, 48, dtype="float16",
+                                                  epilogue=tsl.ops.bias() + tsl.ops.relu())}
+# A split reduction (two kernels and a workspace) in 4 parts of a K that 4 does not divide.
+KNOBS = {"f_dense_f16_split": {"m_inner": 2, "n_inner": 1, "m_outer": 1, "n_outer": 1,
+                               "k_inner": 2, "split_k": 4, "stages": 2, "outer": "n"}}
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """The kernels exported by tsl for sm_80, and two broken copies between them: one whose
-    entry name is wrong (it cannot load), one whose grid misses its last block (an output tile
-    is never written)."""
+    """The kernels exported by tsl for sm_80 (one a split reduction: two kernels), and two
+    broken copies between them: one whose entry name is wrong (it cannot load), one whose grid
+    misses its last block (an output tile is never written)."""
     root = tmp_path_factory.mktemp("kernels")
     for name, op in OPS.items():
-        tsl.build(op(), target="tensorcore-sm80").export(root / name)
+        tsl.build(op(), target="tensorcore-sm80", knobs=KNOBS.get(name)).export(root / name)
     conv = json.loads((root / "c_conv_f16" / "kernel.json").read_text())
     assert conv["format"] == script.FORMAT and conv["reference"]["reduction"] == 3 * 3 * 3
     assert [p["real_shape"] for p in conv["params"]] == [[2, 9, 9, 3], [3, 3, 3, 20],
@@ -120,9 +125,10 @@ def exported(tmp_path_factory):
         assert (root / "c_conv_f16" / cubin).read_bytes()[:4] == b"\x7fELF", arch
     bad_name = shutil.copytree(root / "a_dense_bf16", root / "b_wrong_entry")
     meta = json.loads((bad_name / "kernel.json").read_text())
-    (bad_name / "kernel.json").write_text(json.dumps(meta | {"kernel": "no_such_kernel"}))
+    wrong = [launch | {"kernel": "no_such_kernel"} for launch in meta["launches"]]
+    (bad_name / "kernel.json").write_text(json.dumps(meta | {"launches": wrong}))
     short = shutil.copytree(root / "a_dense_bf16", root / "d_grid_short")
-    meta["grid"][0] -= 1
+    meta["launches"][0]["grid"][0] -= 1
     (short / "kernel.json").write_text(json.dumps(meta | {"operator": "dense short grid"}))
     return root
 
@@ -159,7 +165,7 @@ def test_rehearsal_on_the_emulator(exported):
     rows = {line.split(" | ")[0].strip(): [c.strip() for c in line.split(" | ")]
             for line in out.splitlines() if " | " in line}
     for name in ("dense(100x50x72, bfloat16, bias+relu)", "conv2d(2x3x9x9x20x3x3, float16)",
-                 "matmul(64x48x96, int8)"):
+                 "matmul(64x48x96, int8)", "dense(64x48x200, float16, bias+relu)"):
         row = rows[name]
         assert row[1] == "cubin sm_90" and row[2] == "ok/ok", row
         assert float(row[6]) > 0 and float(row[7]) > 0          # events and graph times
@@ -169,7 +175,7 @@ def test_rehearsal_on_the_emulator(exported):
     assert rows["b_wrong_entry"][2] == "ERROR" and "no_such_kernel" in rows["b_wrong_entry"][3]
     short = rows["dense short grid"]
     assert short[2] == "FAIL/FAIL" and short[3] == "inf"        # NaN poison left in a tile
-    assert "3 of 5 kernels verified" in out
+    assert "4 of 6 kernels verified" in out
 
 
 @needs_tools

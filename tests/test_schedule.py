@@ -70,6 +70,26 @@ def test_parallel(s, cpu):
         s.parallel(k, "core")
 
 
+def test_split_reduction_lets_the_outer_reduction_loop_run_in_parallel(s):
+    """split_reduction marks the outermost loop of the reduction; only that one may run in
+    parallel, and C may be staged inside it (each part has its own partial sums)."""
+    i, j, k = s.loops
+    with pytest.raises(ScheduleError, match="not a reduction loop"):
+        s.split_reduction(i)
+    k0, k1 = s.tile(k, 16)
+    with pytest.raises(ScheduleError, match="only the outermost loop of axis k"):
+        s.split_reduction(k1)
+    with pytest.raises(ScheduleError, match="reduction loop"):
+        s.parallel(k0, "core")
+    s.split_reduction(k0)
+    with pytest.raises(ScheduleError, match="one reduction loop at most"):
+        s.split_reduction(k0)
+    s.reorder(k0, i, j, k1)
+    p = s.parallel([k0, i], "core")
+    assert s.split_parts == 3 and p.extent == 300 and not s.reduces(p) and s.reduces(k1)
+    assert "split_reduction(k.0)" in str(s)
+
+
 def test_parallel_absent_level_is_serial_and_recorded(s):
     i, j, k = s.loops
     assert s.parallel([i, j], "subcore") is None

@@ -70,7 +70,10 @@ def uses_mma(art) -> bool:
 @cache
 def built(name: str, machine: str = "tensorcore-sm90"):
     if name in SUITE:
-        return tsl.build(SUITE[name](), target=machine, knobs=WARPS_2X2)
+        # Whole reductions: split in parts (sm_80 lists splits), these small GEMMs would have
+        # one k-step per block, nothing to pipeline (test_split_reduction_* builds splits).
+        whole = {"split_k": 1} if "split_k" in tsl.load_machine(machine).params else {}
+        return tsl.build(SUITE[name](), target=machine, knobs={**WARPS_2X2, **whole})
     # Two stages: these small layers have one reduction step, where the model rightly
     # prefers no pipeline; the tests are about the cp.async copies of a pipelined one.
     return tsl.build(CONV[name](), target=machine, knobs={"stages": 2})
@@ -163,6 +166,18 @@ def test_default_suite_has_no_spills_and_shared_loads(machine, arch):
 
 
 @needs_nvcc
+def test_conv2d_rows_of_a_tile_keep_their_accumulators_in_registers():
+    """Two output rows per tile outside the reduction (reduce_rows=False, as the model picks
+    for the bench's ResNet layer on sm_80): each row's accumulator fragments are its own, the
+    row loop is unrolled, so ptxas needs no stack frame (it was 512 B of local memory)."""
+    art = tsl.build(CONV["conv-f16-bias-relu"](), "tensorcore-sm80",
+                    knobs={"h_inner": 2, "reduce_rows": False, "stages": 2})
+    res = art.resources("sm_80")
+    assert res["stack_bytes"] == 0 and res["spill_bytes"] == 0, res["log"]
+    assert art.check("sm_80")[0]
+
+
+@needs_nvcc
 def test_check_fails_on_spills_and_generic_loads():
     art = copy.copy(built("matmul-bf16"))
     art._compiled = {}
@@ -171,6 +186,9 @@ def test_check_fails_on_spills_and_generic_loads():
     art._compiled["sm_90"] = (ptx, cubin, {**rep, "spill_bytes": 8})
     ok, summary = art.check("sm_90")
     assert not ok and "8 B of register spills" in summary
+    art._compiled["sm_90"] = (ptx, cubin, {**rep, "stack_bytes": 512})
+    ok, summary = art.check("sm_90")
+    assert not ok and "512 B of local memory" in summary
     generic = ptx.replace(".m16n16k16.shared.bf16", ".m16n16k16.bf16")
     art._compiled["sm_90"] = (generic, cubin, rep)
     ok, summary = art.check("sm_90")
@@ -231,10 +249,15 @@ def test_export(tmp_path):
     assert meta["dynamic_shared_bytes"] == art.kernel.dynamic_shared_bytes > 0
     assert [p["role"] for p in meta["params"]] == ["A", "B", "bias", "out"]
     assert meta["params"][-1]["dtype"] == "float32"
+    assert meta["launches"] == [{"kernel": art.kernel.name, "grid": meta["grid"],
+                                 "block": meta["block"], "dynamic_shared_bytes":
+                                 meta["dynamic_shared_bytes"],
+                                 "args": [p["name"] for p in meta["params"]]}]
+    assert meta["workspace"] == []
     images = meta["images"]
     assert (path / images["ptx"]["file"]).read_text().startswith("//")
     assert all((path / f).stat().st_size > 0 for f in images["cubin"].values())
-    assert meta["format"] == "tsl-cuda-kernel/2" and meta["reference"]["op"] == "dense"
+    assert meta["format"] == "tsl-cuda-kernel/3" and meta["reference"]["op"] == "dense"
 
 
 def test_estimate_and_benchmark():
@@ -319,8 +342,8 @@ def test_knob_search_prices_warps_by_the_back_ends_model():
 @pytest.mark.parametrize("n,k", [(768, 768), (3072, 768), (768, 3072)])
 def test_bert_dense_tiles_fill_the_sms(n, k):
     """Wave quantization is priced: a 128 x 256 tile would give a BERT-base dense 3 .. 12
-    blocks on 108 SMs; the model picks tiles that give most SMs a block, and prices the
-    large tile slower."""
+    blocks on 108 SMs; the model picks tiles (and splits of the reduction) that give most SMs
+    a block, and prices the large tile slower."""
     from tsl.backends.cuda_tensorcore import model
 
     op = tsl.ops.dense(128, n, k, dtype="float16")
@@ -328,7 +351,8 @@ def test_bert_dense_tiles_fill_the_sms(n, k):
     sms = s.machine.cores()
     assert t.blocks >= sms * 2 // 3 and mod.waves <= 1, (t, mod.waves)
     big = record_fixed(op, s.machine, s.choice.fn, {
-        **s.knob_values, "m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2})
+        **s.knob_values, "m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2,
+        "split_k": 1})
     big_model = model.price(big)[0]
     assert big_model.waves * sms <= 12 and big_model.seconds > mod.seconds
 
@@ -467,7 +491,8 @@ MMA = {
                           {"stages": 2}),
     "matmul-bf16-128x256-8warps-4stages": (
         lambda: tsl.ops.matmul(128, 256, 160, dtype="bfloat16"),
-        {"m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2, "stages": 4}),
+        {"m_inner": 4, "n_inner": 4, "m_outer": 2, "n_outer": 4, "k_inner": 2, "stages": 4,
+         "split_k": 1}),
     # int8 -> int32 on mma.sync.m16n8k32: B as [K, N] has no 8-bit ldmatrix.trans (each lane
     # gathers its bytes, tsl_lds4); B as [N, K] is loaded with ldmatrix like A.
     "matmul-s8-ragged": (lambda: tsl.ops.matmul(72, 100, 80, dtype="int8"),
@@ -560,10 +585,10 @@ def test_emulator_fails_a_wrong_lane_mapping(mutation):
 # -- bank conflicts, from the generated CUDA -----------------------------------------------------
 _CP_DST = re.compile(r"ptx_cp_async_legacy_(?:pred_)?c[ag]_16_(\d+)_\d+\(buf_dyn_shmem_ptr, "
                      r"(.+?), \w+_ptr, ")
-_LDMATRIX = re.compile(r"unsigned int addr = __cvta_generic_to_shared\(\(&\(\(\((\w+)\*\)"
+_LDMATRIX = re.compile(r"unsigned int addr = __cvta_generic_to_shared\(\(&\(\(\(([\w ]+?)\*\)"
                        r"buf_dyn_shmem_ptr\)\[(.+)\]\)\) \+ (.+)\);$", re.M)
 _CSE = re.compile(r"int (cse_v\d+) = (.+);$", re.M)
-_ELEM = {"half": 2, "nv_bfloat16": 2, "signed": 1, "char": 1}
+_ELEM = {"half": 2, "nv_bfloat16": 2, "signed char": 1, "char": 1}
 _cse: dict[str, str] = {}
 
 
@@ -622,3 +647,85 @@ def test_swizzled_shared_tiles_have_no_bank_conflicts(name):
     # conflicts, the ldmatrix reads down a column of 16-byte blocks do not.
     plain = bank_conflicts(art.source().replace("^", "| 0 *"), warps)
     assert plain["ldmatrix"] > 0
+
+
+# -- split reductions (split-K) -----------------------------------------------------------------
+# K split in whole steps: a ragged dense with bias + relu in 4 parts (K = 200 of 256 padded:
+# the last part is mostly padding), and an exact int8 GEMM without an epilogue in 2 parts.
+SPLIT = {
+    "dense-f16-bias-relu-split4": (
+        lambda: tsl.ops.dense(72, 200, 40, dtype="float16",
+                              epilogue=tsl.ops.bias() + tsl.ops.relu()),
+        {"m_inner": 2, "n_inner": 1, "m_outer": 2, "n_outer": 1, "k_inner": 2, "split_k": 4,
+         "stages": 2, "outer": "n"}),
+    "matmul-s8-split2": (
+        lambda: tsl.ops.matmul(48, 64, 200, dtype="int8"),
+        {"m_inner": 1, "n_inner": 2, "m_outer": 1, "n_outer": 2, "k_inner": 1, "split_k": 2,
+         "stages": 2, "outer": "m"}),
+}
+
+
+@needs_gxx
+@needs_nvcc
+@pytest.mark.parametrize("name", SPLIT)
+def test_split_reduction_emulated_and_assembled(name):
+    """Split-K: the GEMM kernel writes each part's partial sums to a workspace, a second
+    kernel adds them in order and applies the epilogue once; both run in the emulator (the
+    workspace poisoned with NaN / 0x7F bytes) and match NumPy, and ptxas spills nothing in
+    either."""
+    op, knobs = SPLIT[name]
+    art = tsl.build(op(), "tensorcore-sm80", knobs=knobs)
+    parts = knobs["split_k"]
+    gemm, (total,) = art.kernel, art.kernel.after  # launched in this order
+    (work, dtype, elements), = gemm.workspace
+    big = art.ctx.op
+    assert elements == parts * big.output.shape[0] * big.output.shape[1]
+    assert dtype == big.acc_dtype and work in dict(gemm.params) and work in dict(total.params)
+    assert art.schedule.split_parts == parts and gemm.grid[0] % parts == 0
+    ok, err = wmma_emulator.verify(art, seed=11)
+    assert ok and (err == 0 if op().dtype == "int8" else err < 1e-5), err
+    ok, summary = art.check("sm_80")
+    assert ok, summary
+    functions = art.resources("sm_80")["functions"]
+    assert set(functions) == {gemm.name, total.name}
+    assert all(f["spill_bytes"] == 0 for f in functions.values()), functions
+
+
+def test_search_splits_the_reduction_where_the_model_says_it_pays():
+    """BERT-base's FFN output (128 x 768, K = 3072): 12 output tiles of 64 x 128 in 8 parts
+    fill the SMs, and the model prices the partial sums' traffic and the second kernel (its
+    launch gap) below the unsplit kernel's time; for K = 768 the gap costs more than the
+    split saves, and the search keeps the reduction whole."""
+    from tsl.backends.cuda_tensorcore import model
+
+    s, t, mod, occ = _chosen(tsl.ops.dense(128, 3072, 768, dtype="float16"))
+    assert s.split_parts > 1 and mod.parts == s.split_parts and mod.sum_gap_seconds > 0
+    assert t.blocks >= s.machine.cores() * 2 // 3
+    whole = tsl.schedule(s.op, s.machine, knobs={"split_k": 1})
+    assert model.price(whole)[0].seconds > mod.seconds
+    assert mod.sum_traffic_seconds > 0 and "split reduction: " in str(mod)
+    short, *_ = _chosen(tsl.ops.dense(128, 768, 768, dtype="float16"))
+    assert short.split_parts == 1
+    split = tsl.schedule(short.op, short.machine, knobs={"split_k": 8})
+    assert model.price(split)[0].seconds > model.price(short)[0].seconds
+    # Machines that do not list splits have no such knob.
+    assert "split_k" not in tsl.schedule(s.op, "tensorcore-sm90").space
+
+
+@needs_gxx
+def test_int8_tiles_read_by_ldmatrix_are_padded_free_of_bank_conflicts():
+    """TVM's swizzle does not take 8-bit tiles: int8 rows of 128 bytes read by ldmatrix (A, and
+    B given as [N, K]) are padded to 144, which puts the 8 rows of an ldmatrix in 8 bank
+    groups; the model counts the padding, and the result is exact."""
+    from tsl.backends.cuda_tensorcore import model
+
+    art = tsl.build(tsl.ops.dense(40, 256, 48, dtype="int8"), "tensorcore-sm80",
+                    knobs={"m_inner": 2, "n_inner": 2, "m_outer": 2, "n_outer": 2, "k_inner": 4,
+                           "stages": 2, "split_k": 1, "outer": "n"})
+    warps = art.kernel.block[1]
+    assert bank_conflicts(art.source(), warps) == {"cp.async": 0, "ldmatrix": 0}
+    assert model.price(art.schedule)[1].shared_bytes == art.kernel.shared_bytes
+    plain = bank_conflicts(art.source().replace("* 144)", "* 128)"), warps)  # unpadded rows
+    assert plain["ldmatrix"] > 0
+    ok, err = wmma_emulator.verify(art, seed=4)
+    assert ok and err == 0, err

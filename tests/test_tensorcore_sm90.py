@@ -225,7 +225,7 @@ def test_export_describes_the_tensor_maps(built, tmp_path):
 
     art = built(tsl.ops.dense(128, 768, 768, dtype="float16"))
     meta = json.loads((art.export(tmp_path) / "kernel.json").read_text())
-    assert meta["arch"] == "sm_90a" and meta["format"] == "tsl-cuda-kernel/2"
+    assert meta["arch"] == "sm_90a" and meta["format"] == "tsl-cuda-kernel/3"
     assert list(meta["images"]["cubin"]) == ["sm_90a"]
     assert (tmp_path / meta["images"]["cubin"]["sm_90a"]).exists()
     # The GPU script loads the launcher from the export: it has no tsl to import.

@@ -424,7 +424,9 @@ def _warp_asm(kernel: str) -> str:
     return "".join(out + [kernel[last:]])
 
 
-def _program(source: str, name: str, params) -> str:
+def _program(source: str, kernels) -> str:
+    """The emulated module of `source`; `kernels`: (name, params) of each kernel, called by
+    `emu_launch(which, ...)`."""
     start = source.index('extern "C" __global__')
     prelude, kernel = source[:start], source[start:]
     lines = [HEADER]
@@ -456,10 +458,15 @@ def _program(source: str, name: str, params) -> str:
         raise ValueError("the emulator does not know this shared declaration: "
                          + kernel[kernel.index("__shared__"):][:120])
     lines.append(kernel)
-    call = ", ".join(f"({_CTYPE[dt]}*)args[{i}]" for i, (_, dt) in enumerate(params))
+    calls = []
+    for n, (name, params) in enumerate(kernels):
+        call = ", ".join(f"({_CTYPE[dt]}*)args[{i}]" for i, (_, dt) in enumerate(params))
+        lines.append(f"static void emu_call_{n}(void** args) {{ {name}({call}); }}")
+        calls.append(f"emu_call_{n}")
     lines.append(f"""
-extern "C" int emu_launch(void** args, int gx, int gy, int gz, int bx, int by, int bz,
-                          long dynamic_bytes, char* err) {{
+static void (*emu_calls[])(void**) = {{{", ".join(calls)}}};
+extern "C" int emu_launch(int which, void** args, int gx, int gy, int gz, int bx, int by,
+                          int bz, long dynamic_bytes, char* err) {{
   int threads = bx * by * bz, warps = threads / 32;
   g_errors = 0;
   g_first_error[0] = 0;
@@ -490,7 +497,7 @@ extern "C" int emu_launch(void** args, int gx, int gy, int gz, int bx, int by, i
         blockIdx = dim3{{(unsigned)x, (unsigned)y, (unsigned)z}};
         threadIdx = dim3{{(unsigned)(t % bx), (unsigned)(t / bx % by), (unsigned)(t / bx / by)}};
         t_view = sh.views[t / 32];
-        {name}({call});
+        emu_calls[which](args);
         emu_thread_end();
       }});
     for (auto& th : pool) th.join();
@@ -512,7 +519,7 @@ _LIBS: dict[str, ctypes.CDLL] = {}
 
 def compile_kernel(art, source: str | None = None) -> ctypes.CDLL:
     k = art.kernel
-    text = _program(source or k.source, k.name, k.params)
+    text = _program(source or k.source, [(x.name, x.params) for x in (k, *k.after)])
     key = hashlib.sha1(text.encode()).hexdigest()
     if key not in _LIBS:
         with tempfile.TemporaryDirectory(prefix="wmma_emu_") as tmp:
@@ -533,20 +540,33 @@ def execute(art, packed: list[np.ndarray], source: str | None = None) -> np.ndar
 
     lib = compile_kernel(art, source)
     out_t = art.ctx.op.output
-    out = np.full(out_t.shape, 0x7F, dtype=np_dtype(out_t.dtype))  # poison
-    if out.dtype.kind == "f":
-        out[...] = np.nan
-    arrays = [np.ascontiguousarray(x) for x in packed] + [out]
-    ptrs = (ctypes.c_void_p * len(arrays))(*[x.ctypes.data for x in arrays])
-    err = ctypes.create_string_buffer(512)
+    out = _poisoned(out_t.shape, np_dtype(out_t.dtype))
     k = art.kernel
-    assert k.block[0] == 32, "the emulator wants warps along threadIdx.y"
-    lib.emu_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 6 + [ctypes.c_long,
-                                                                         ctypes.c_char_p]
-    n = lib.emu_launch(ptrs, *k.grid, *k.block, k.dynamic_shared_bytes, err)
-    if n:
-        raise AssertionError(f"{n} error(s) in the emulated kernel; first: {err.value.decode()}")
+    # The function's arguments by the names its kernels take them, and the workspaces the
+    # host would allocate (a split reduction's partial sums), poisoned too.
+    names = [f"{p.name}_ptr" for p in art.mod["main"].params]
+    arrays = dict(zip(names, [np.ascontiguousarray(x) for x in packed] + [out], strict=True))
+    arrays.update((name, _poisoned((size,), np_dtype(dt))) for name, dt, size in k.workspace)
+    lib.emu_launch.argtypes = [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 6 + [
+        ctypes.c_long, ctypes.c_char_p]
+    for which, kern in enumerate((k, *k.after)):  # in launch order
+        assert kern.block[0] == 32, "the emulator wants warps along threadIdx.y"
+        ptrs = (ctypes.c_void_p * len(kern.params))(*[arrays[n].ctypes.data
+                                                       for n, _ in kern.params])
+        err = ctypes.create_string_buffer(512)
+        n = lib.emu_launch(which, ptrs, *kern.grid, *kern.block, kern.dynamic_shared_bytes, err)
+        if n:
+            raise AssertionError(f"{n} error(s) in emulated kernel {kern.name}; first: "
+                                 f"{err.value.decode()}")
     return out
+
+
+def _poisoned(shape, dtype) -> np.ndarray:
+    """An array of `shape` whose every element is wrong if left unwritten (NaN for floats)."""
+    x = np.full(shape, 0x7F, dtype=dtype)
+    if x.dtype.kind == "f":
+        x[...] = np.nan
+    return x
 
 
 def verify(art, seed: int = 1, source: str | None = None) -> tuple[bool, float]:

@@ -31,13 +31,14 @@ class LowerContext:
     blocks: dict = field(default_factory=dict)  # name -> SBlockRV made by hooks
     unsigned_a: bool = False  # int8 A fed as uint8: the kernel takes a compensation argument
     b_dtype: str | None = None  # the dtype the kernel takes B in, when not the operator's
+    main: str = "C"  # the reduction block the schedule works on ("C_rf" once split)
 
     def rv(self, loop: Loop):
         return self.loops[id(loop)]
 
     @property
     def block(self):
-        return self.sch.get_sblock("C")
+        return self.sch.get_sblock(self.main)
 
     def input_index(self, role: str) -> int:
         return [t.role for t in self.op.inputs].index(role)
@@ -76,6 +77,12 @@ class Lowering:
             cr = sch.cache_read(blk, self._read_index(ctx, idx), scope)
             sch.compute_at(cr, ctx.rv(stage.at), preserve_unit_loops=True)
             ctx.blocks[f"{stage.operand}_{stage.level.name}"] = cr
+
+    def split_reduction(self, ctx: LowerContext, rv) -> None:
+        """`split_reduction(loop)`: the back end must place the pass that sums the partials."""
+        raise LoweringError(f"the back end of {self.machine.name} does not lower "
+                            f"split_reduction (a split reduction's partial sums need a pass "
+                            f"that adds them); leave the reduction unsplit (split_k=1)")
 
     def bind(self, ctx: LowerContext, rv, level: ComputeLevel) -> None:
         ctx.sch.parallel(rv)
@@ -152,10 +159,14 @@ def _replay(s: Schedule, hooks: Lowering, ctx: LowerContext) -> None:
         elif step.primitive == "fuse":
             by_loop[id(step.result[0])] = sch.fuse(*[_rv(by_loop, current, lp)
                                                      for lp in step.args])
+        elif step.primitive == "split_reduction":
+            _split_reduction(sch, hooks, ctx, _rv(by_loop, current, step.args[0]),
+                             (by_loop, current))
         elif step.primitive == "parallel" and step.result and isinstance(step.result[0], Loop):
             rvs = [_rv(by_loop, current, lp) for lp in step.args[0]]
             by_loop[id(step.result[0])] = sch.fuse(*rvs) if len(rvs) > 1 else rvs[0]
     ctx.loops.update(by_loop)  # loops since fused stay reachable for the hooks
+    blk = ctx.block  # the partial sums' block after split_reduction
     for lp in s.loops:
         ctx.loops[id(lp)] = _rv(by_loop, current, lp)
     # Phase 2: packing. Block C's read of the operand is transformed: for a function argument
@@ -194,6 +205,26 @@ def _replay(s: Schedule, hooks: Lowering, ctx: LowerContext) -> None:
         if lp.tensorized is not None:
             hooks.tensorize(ctx, lp, lp.tensorized)
     hooks.finalize(ctx)
+
+
+def _split_reduction(sch, hooks: Lowering, ctx: LowerContext, rv, tables) -> None:
+    """The hook's split (s_tir rfactor) moves the reduction into a new block with new loops;
+    the loop references in `tables` are moved to their counterparts there."""
+    before = [sch.get_sref(r) for r in sch.get_loops(ctx.block)]
+    where = []
+    for table in tables:
+        for key, r in table.items():
+            try:
+                sref = sch.get_sref(r)
+            except Exception:  # noqa: BLE001 - a loop split before: no longer there
+                continue
+            pos = next((n for n, b in enumerate(before) if b.same_as(sref)), None)
+            if pos is not None:
+                where.append((table, key, pos))
+    hooks.split_reduction(ctx, rv)
+    after = sch.get_loops(ctx.block)
+    for table, key, pos in where:
+        table[key] = after[pos]
 
 
 def _rv(by_loop, current, lp: Loop):

@@ -8,7 +8,10 @@ a candidate that does not fit the machine raises ScheduleError and is dropped. T
 searched exhaustively when it is small; otherwise from the best of a random sample, by
 coordinate descent (every value of one knob at a time, from the space the current best
 records; a move that does not fit is retried with one other knob a step smaller; then every
-change of two integer knobs that keeps their product) until no move improves.
+change of two integer knobs that keeps their product) until no move improves. Knobs declared
+`refines=True` (a split of the reduction) are not drawn: the others are searched so once per
+value of them, in the space that value records (in full for the first value, with a quarter
+of the samples and starts for the others).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class _Search:
         self.check = check
         self.seen: dict[tuple, Candidate | None] = {}
         self.why = ""  # the first refusal's reason, for the error when nothing fits
+        self.refused = 0  # refusals in the searches of refining knobs' values
 
     def key(self, knobs: dict) -> tuple:
         return tuple(sorted(knobs.items(), key=lambda kv: kv[0]))
@@ -142,10 +146,11 @@ class _Search:
 
 
 def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,
-           check: Callable | None = None) -> Choice:
+           check: Callable | None = None, effort: float = 1.0) -> Choice:
     """Price the knob space of `fn` for `op` on `machine` with the knobs in `fixed` held;
     every candidate found, best (fastest under the model) first. `check(schedule)` raises
-    ScheduleError for a setting the back end cannot lower (its limits beyond the TAM's)."""
+    ScheduleError for a setting the back end cannot lower (its limits beyond the TAM's).
+    `effort` scales the random sample and the descents started from it."""
     srch = _Search(op, machine, fn, fixed, check)
     base = srch.price({})
     space = dict(base.schedule.space) if base else _discover(srch)
@@ -155,13 +160,28 @@ def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,
         for combo in itertools.product(*(space[n] for n in free)):
             srch.price(dict(zip(free, combo)))
     else:
-        rng = random.Random(seed)
-        for _ in range(SAMPLE):
-            srch.price({n: rng.choice(space[n]) for n in free})
-        ranked = sorted((c for c in srch.seen.values() if c is not None),
-                        key=lambda c: c.estimate.seconds)
-        for start in ranked[:STARTS]:
-            srch.descend(start)
+        later = sorted(n for n in free if base is not None and n in base.schedule.refining)
+        if later:
+            # Knobs that refine the others' setting (a split of the reduction): the others
+            # are searched once per value of these, each value with the space it records
+            # (drawn from the joint space, most samples would not fit together).
+            for i, combo in enumerate(itertools.product(*(space[n] for n in later))):
+                try:  # the first values (no split) in full, the others with a quarter
+                    sub = search(op, machine, fn, {**srch.fixed, **dict(zip(later, combo))},
+                                 seed, check, effort if i == 0 else effort / 4)
+                except ScheduleError:  # nothing fits with these values
+                    continue
+                for c in sub.candidates:
+                    srch.seen.setdefault(srch.key(c.knobs), c)
+                srch.refused += sub.refused
+        else:
+            rng = random.Random(seed)
+            for _ in range(max(1, round(SAMPLE * effort))):
+                srch.price({n: rng.choice(space[n]) for n in free})
+            ranked = sorted((c for c in srch.seen.values() if c is not None),
+                            key=lambda c: c.estimate.seconds)
+            for start in ranked[:max(1, round(STARTS * effort))]:
+                srch.descend(start)
     found = {}
     for c in srch.seen.values():
         if c is not None:
@@ -171,7 +191,7 @@ def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,
                             f"fits {op} on {machine.name} (fixed: {srch.fixed or 'none'}); "
                             f"pass knobs= that fit. The first refusal: {srch.why}")
     cands = sorted(found.values(), key=lambda c: c.estimate.seconds)
-    refused = sum(1 for c in srch.seen.values() if c is None)
+    refused = srch.refused + sum(1 for c in srch.seen.values() if c is None)
     return Choice(fn, srch.fixed, cands, refused, exhaustive)
 
 

@@ -33,6 +33,7 @@ class Loop:
     step: int = 1
     parts: tuple["Loop", ...] = ()  # the loops a fused loop was made of
     parallel: str | None = None  # compute level name
+    split: bool = False  # a reduction loop whose iterations accumulate partial sums
     tensorized: TensorPrimitive | None = None
     stages: int = 1
 
@@ -90,6 +91,7 @@ class Schedule:
         self.knob_values = dict(knobs or {})
         self._given = tuple(self.knob_values)  # checked against the declared knobs in validate
         self.space: dict[str, tuple] = {}
+        self.refining: set[str] = set()  # knobs declared with refines=True
         self.steps: list[Step] = []
         self.stages: list[Stage] = []
         self.epilogue_at: Loop | None = None
@@ -135,13 +137,19 @@ class Schedule:
         return "\n".join([head] + [f"  {s}" for s in self.steps])
 
     # -- knobs ------------------------------------------------------------------------------
-    def knob(self, name: str, choices, default=None):
+    def knob(self, name: str, choices, default=None, refines: bool = False):
         """A tunable value. Returns the value fixed for `name` in the schedule's knobs, else
-        `default` (else the first choice). `tsl.tune` searches over `choices`."""
+        `default` (else the first choice). `tsl.tune` searches over `choices`.
+
+        `refines`: the knob changes a setting of the others rather than making one of its own
+        (a split of the reduction refines a tiling); the model's search settles the other
+        knobs with it at its first choice, then lets it move (`tsl.model.search`)."""
         choices = tuple(choices)
         if not choices:
             raise ScheduleError(f"knob({name!r}): needs at least one choice")
         self.space[name] = choices
+        if refines:
+            self.refining.add(name)
         value = self.knob_values.get(name, choices[0] if default is None else default)
         if value not in choices:
             raise ScheduleError(f"knob({name!r}): value {value!r} is not one of its choices "
@@ -252,9 +260,10 @@ class Schedule:
         loops = [loops] if isinstance(loops, Loop) else list(loops)
         for lp in loops:
             self._check_loop("parallel", lp)
-            if any(self._role[a] == "k" for a in lp.axes):
+            if any(self._role[a] == "k" for a in lp.axes) and not lp.split:
                 raise ScheduleError(f"parallel({lp.name}, {level!r}): {lp.name} is a reduction "
-                                    f"loop; only spatial loops can run in parallel")
+                                    f"loop; only spatial loops (and a reduction loop made "
+                                    f"split_reduction) can run in parallel")
         cl = self.machine.compute_level(level)
         if cl is None:
             self.steps.append(Step("parallel", (loops, level), ("serial: machine has no "
@@ -271,6 +280,45 @@ class Schedule:
         lp.parallel = cl.name
         self.steps.append(Step("parallel", (loops, level), (lp,)))
         return lp
+
+    def split_reduction(self, loop: Loop) -> None:
+        """Let the iterations of `loop`, the outermost loop of a reduction axis, accumulate
+        separate partial sums, so that it may run in parallel (split-K): each iteration
+        writes its partial result to the outermost memory level, and a second pass sums the
+        partials in order, then applies the epilogue, once.
+
+        Before ``split_reduction(k.0)``::
+
+            for i: for j: for k.0 in range(S): for k.1: C[i, j] += A[i, k] * B[k, j]
+            out[i, j] = epilogue(C[i, j])
+
+        After::
+
+            for i: for j: for k.0 in range(S): for k.1: P[k.0, i, j] += A[i, k] * B[k, j]
+            for i: for j: out[i, j] = epilogue(P[0, i, j] + P[1, i, j] + ... P[S-1, i, j])
+        """
+        self._check_loop("split_reduction", loop)
+        if len(loop.axes) != 1 or self._role[loop.axes[0]] != "k":
+            raise ScheduleError(f"split_reduction({loop.name}): not a reduction loop; split "
+                                f"the reduction axis with tile() and pass its outer loop")
+        if self.axes_outermost(loop.axes[0]) is not loop:
+            raise ScheduleError(f"split_reduction({loop.name}): only the outermost loop of "
+                                f"axis {loop.axes[0]} can be split; it is "
+                                f"{self.axes_outermost(loop.axes[0]).name}")
+        if any(lp.split for lp in self.loops):
+            raise ScheduleError(f"split_reduction({loop.name}): one reduction loop at most is "
+                                f"split")
+        loop.split = True
+        self.steps.append(Step("split_reduction", (loop,)))
+
+    @property
+    def split_parts(self) -> int:
+        """Partial sums per output element (the split reduction loop's extent; 1 if none)."""
+        return next((p.extent for lp in self.loops for p in lp.parts or (lp,) if p.split), 1)
+
+    def reduces(self, loop: Loop) -> bool:
+        """Whether `loop` (or a loop fused into it) is a reduction loop not split."""
+        return any(self._role[p.axes[0]] == "k" and not p.split for p in loop.parts or (loop,))
 
     def cache(self, operand: str, role: str, at: Loop) -> Stage | None:
         """Stage the tile of `operand` ("A", "B" or "C") used under loop `at` in the memory
@@ -297,7 +345,7 @@ class Schedule:
         if lv is None:
             self.steps.append(Step("cache", (operand, role, at), ("skipped: no level",)))
             return None
-        if operand == "C" and any(self._role[a] == "k" for lp in self._outer(at) for a in lp.axes):
+        if operand == "C" and any(self.reduces(lp) for lp in self._outer(at)):
             raise ScheduleError(f"cache('C', {role!r}, at={at.name}): the accumulator must be "
                                 f"staged outside every reduction loop; {at.name} is inside "
                                 f"one. Stage it at a spatial loop outside k")

@@ -4,7 +4,8 @@ and knobs only. Every back end accepts these functions unchanged.
 The nest they build, outer to inner (the same on every machine; what each loop becomes is the
 back end's business)::
 
-    b, i.0, j.0     blocks of the output     -> parallel over the "core" compute level
+    b, i.0, j.0     blocks of the output     -> parallel over the "core" compute level, with
+                                                 the parts of a split reduction (split_k)
     i.1, j.1        accumulator tiles         -> parallel over "subcore" (warps) if present;
                                                  C is staged in the "accumulator" level here
     k.0             reduction blocks          -> A and B staged in "scratchpad" levels, pipelined
@@ -16,6 +17,7 @@ back end's business)::
 from __future__ import annotations
 
 import functools
+import math
 
 from ..errors import ScheduleError
 from ..primitives.schedule import Schedule
@@ -79,13 +81,31 @@ def schedule_gemm(s: Schedule) -> None:
     m_outer = s.knob("m_outer", _round_choices(M, mr, (1, 2, 4, 8, 16, 32)))
     n_outer = s.knob("n_outer", _round_choices(N, nr, (1, 2, 4, 8, 16, 32)))
     k_inner = s.knob("k_inner", _round_choices(K, p.k, (1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    kt = k_inner * p.k
+    # split_k: the reduction's steps cut in that many parts, which run on their own cores
+    # too, each summing its part (split_reduction), for operators with too few output tiles
+    # to give every core work (fewer than 4 x 4 primitive tiles per core); on machines that
+    # list the splits they reduce (params.split_k), the splits that make parts of equal
+    # whole steps.
+    steps = -(-K // kt)
+    tiles = math.prod(a.extent for a in b) * -(-M // p.m) * -(-N // p.n)
+    split = s.knob("split_k", [c for c in s.machine.params["split_k"]
+                               if c == -(-steps // -(-steps // c))],
+                   refines=True) if ("split_k" in s.machine.params
+                                     and tiles < 16 * s.machine.cores()) else 1
     i0, i1, i2, i3 = s.tile(i, mr * m_outer, mr, p.m)
     j0, j1, j2, j3 = s.tile(j, nr * n_outer, nr, p.n)
-    k0, k1, k2 = s.tile(k, k_inner * p.k, p.k)
+    if split > 1:
+        ks, k0, k1, k2 = s.tile(k, -(-steps // split) * kt, kt, p.k)
+        s.split_reduction(ks)
+        splits = [ks]
+    else:
+        k0, k1, k2 = s.tile(k, kt, p.k)
+        splits = []
     # Which operand's panel stays resident across the inner block loop: its loop goes outer.
     blocks = [j0, i0] if s.knob("outer", ("n", "m")) == "n" else [i0, j0]
-    s.reorder(*b, *blocks, i1, j1, k0, k1, i2, j2, i3, j3, k2)
-    s.parallel(b + blocks, "core")
+    s.reorder(*b, *splits, *blocks, i1, j1, k0, k1, i2, j2, i3, j3, k2)
+    s.parallel(b + splits + blocks, "core")
     _stage_and_map(s, [i1, j1], k0, k1, i3, stages)
 
 

@@ -153,8 +153,11 @@ class RawModule:
         if not re.search(r'extern "C" __global__ void (__launch_bounds__\([^)]*\) )?'
                          + re.escape(name) + r"\(", self.source):
             raise CUDADriverError(f"CUDA_ERROR_NOT_FOUND: no kernel {name!r} in the module")
-        kernel = SimpleNamespace(name=name, source=self.source,
-                                 params=[(p["name"], p["dtype"]) for p in self.meta["params"]])
+        # Its arguments' names and dtypes: the operator's tensors and the workspaces.
+        dtypes = {p["name"]: p["dtype"] for p in self.meta["params"] + self.meta["workspace"]}
+        launch = next(x for x in self.meta["launches"] if x["kernel"] == name)
+        kernel = SimpleNamespace(name=name, source=self.source, after=(),
+                                 params=[(a, dtypes[a]) for a in launch["args"]])
         return RawKernel(wmma_emulator.compile_kernel(SimpleNamespace(kernel=kernel)))
 
 
@@ -178,9 +181,9 @@ class RawKernel:
     def _run(self, grid, block, ptrs, shared_mem):
         arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
         err = ctypes.create_string_buffer(512)
-        self.lib.emu_launch.argtypes = ([ctypes.c_void_p] + [ctypes.c_int] * 6
+        self.lib.emu_launch.argtypes = ([ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 6
                                         + [ctypes.c_long, ctypes.c_char_p])
-        if self.lib.emu_launch(arr, *grid, *block, shared_mem, err):
+        if self.lib.emu_launch(0, arr, *grid, *block, shared_mem, err):
             raise CUDADriverError(f"emulated kernel failed: {err.value.decode()}")
 
 

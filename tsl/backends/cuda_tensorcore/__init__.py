@@ -37,7 +37,8 @@ class TensorCoreBackend(Backend):
 
     def check(self, schedule) -> None:
         """Refuse (ScheduleError) what the lowering cannot build: serial loops outside the
-        grid, a block with more threads than a block may have, a WMMA epilogue tile over the
+        grid, a split reduction outside the mma.sync path, a block with more threads than a
+        block may have, a WMMA epilogue tile over the
         static shared memory limit, or a block the model's registers per thread would not let
         onto an SM at all."""
         m = schedule.machine
@@ -50,6 +51,10 @@ class TensorCoreBackend(Backend):
                                 f"make them parallel over the core level too (for the default "
                                 f"conv2d schedule: knob parallel_axes='n_oh_co')")
         t = model.tile_of(schedule, model.planned_instruction(m, schedule.op))
+        if schedule.split_parts > 1 and t.instruction != "mma_sync":
+            raise ScheduleError(f"{schedule.op} on {m.name}: a split reduction is built for "
+                                f"the ldmatrix + mma.sync kernels only (this one issues "
+                                f"{t.instruction}); do not split the reduction")
         threads = 32 * t.warps
         if threads > int(m.params["max_threads_per_block"]):
             raise ScheduleError(f"{schedule.op} on {m.name}: {t.warps} warps per block "

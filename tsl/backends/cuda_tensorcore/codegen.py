@@ -28,15 +28,29 @@ class Kernel:
     static_shared_bytes: int
     fragment_bytes: int  # wmma fragments / mma.sync registers of one warp
     params: tuple[tuple[str, str], ...]  # (name, dtype) in launch order, inputs then output
+    # A split reduction is two kernels: the GEMM's partial sums go to a workspace in global
+    # memory (name, dtype, elements: allocated by whoever launches), then `after` (launched
+    # next, in order) sums them and applies the epilogue. The source holds all of them.
+    workspace: tuple[tuple[str, str, int], ...] = ()
+    after: tuple["Kernel", ...] = ()
 
     @property
     def shared_bytes(self) -> int:
         return self.dynamic_shared_bytes + self.static_shared_bytes
 
     def launch(self) -> dict:
+        """kernel.json's launch facts: this kernel's at the top level; in "launches" every
+        kernel of the sequence in order (name, grid, block, dynamic shared memory, its
+        arguments by name: the operator's tensors and the workspaces), in "workspace" the
+        buffers to allocate."""
         d = asdict(self)
-        d.pop("source")
+        for key in ("source", "after", "workspace"):
+            d.pop(key)
         d["kernel"] = d.pop("name")
+        d["launches"] = [{"kernel": k.name, "grid": list(k.grid), "block": list(k.block),
+                          "dynamic_shared_bytes": k.dynamic_shared_bytes,
+                          "args": [n for n, _ in k.params]} for k in (self, *self.after)]
+        d["workspace"] = [{"name": n, "dtype": dt, "elements": e} for n, dt, e in self.workspace]
         return d
 
 
@@ -58,10 +72,13 @@ def generate(mod, machine) -> Kernel:
         with tvm.transform.PassContext(config=config):
             mod = tirx.transform.BindTarget(tgt.with_host(tvm.target.Target({"kind": "llvm"})))(mod)
             pipeline, _, finalize_device = tirx.get_default_tir_pipeline(tgt)
-            _, devices = split_host_device_mods(pipeline(mod))
+            host, devices = split_host_device_mods(pipeline(mod))
             dev = finalize_device()(next(iter(devices.values())))
-            kernel = _kernel(dev, "")
-            check_fits(kernel, machine)
+            # The host launches the kernels in program order.
+            order = re.findall(r'call_ffi_kernel\("(\w+)"', host.script())
+            kernels = sorted(_kernels(dev), key=lambda k: order.index(k.name))
+            for k in kernels:
+                check_fits(k, machine)
             source = shared_loads(codegen_build(dev, tgt).inspect_source())
     except (ScheduleError, LoweringError):
         raise
@@ -70,7 +87,26 @@ def generate(mod, machine) -> Kernel:
 
         raise LoweringError(f"CUDA code generation for {machine.name} failed: "
                             f"{_first_line(e)}") from e
-    return replace(kernel, source=source)
+    first, *after = (replace(k, source=source) for k in kernels)
+    args = {f"{p.name}_ptr" for p in mod["main"].params}
+    work = _workspaces(mod)
+    workspace = tuple((n, dt, work[_plain(n.removesuffix("_ptr"))])
+                      for k in kernels for n, dt in k.params if n not in args)
+    return replace(first, workspace=tuple(dict.fromkeys(workspace)), after=tuple(after))
+
+
+def _workspaces(mod) -> dict[str, int]:
+    """Elements of each global buffer the function allocates (a split reduction's partial
+    sums), by name."""
+    import math
+
+    root = mod["main"].body.block
+    return {_plain(b.name): math.prod(int(d) for d in b.shape) for b in root.alloc_buffers
+            if b.scope() == "global"}
+
+
+def _plain(name: str) -> str:
+    return name.replace(".", "_")
 
 
 # nvcc compiles nvcuda::wmma::load_matrix_sync of bf16 fragments to a generic-address
@@ -121,17 +157,16 @@ def shared_loads(source: str) -> str:
         "nvcuda::wmma::load_matrix_sync(", "tsl_load_shared("))
 
 
-def _kernel(dev, source: str) -> "Kernel":
-    """Launch facts and on-chip footprint of the one device function in `dev`."""
+def _kernels(dev) -> list["Kernel"]:
+    """Launch facts and on-chip footprint of each device function in `dev`."""
+    return [_kernel(gv, func) for gv, func in dev.functions.items()]
+
+
+def _kernel(gv, func) -> "Kernel":
     import tvm
     import tvm_ffi
     from tvm import tirx
 
-    funcs = list(dev.functions.items())
-    if len(funcs) != 1:
-        raise LoweringError(f"expected one CUDA kernel, got {[g.name_hint for g, _ in funcs]}: "
-                            f"every stage must be bound to blocks and threads")
-    gv, func = funcs[0]
     extents = {f"{k}.{a}": 1 for k in ("blockIdx", "threadIdx") for a in "xyz"}
     scopes: dict[str, int] = {}
 
@@ -151,7 +186,7 @@ def _kernel(dev, source: str) -> "Kernel":
     # the accumulators to "local" arrays, each thread's own
     fragments = (sum(v for k, v in scopes.items() if k.startswith("wmma.") or k == "warp")
                  + 32 * scopes.get("local", 0))
-    return Kernel(gv.name_hint, source, tuple(extents[f"blockIdx.{a}"] for a in "xyz"),
+    return Kernel(gv.name_hint, "", tuple(extents[f"blockIdx.{a}"] for a in "xyz"),
                   tuple(extents[f"threadIdx.{a}"] for a in "xyz"),
                   scopes.get("shared.dyn", 0), scopes.get("shared", 0), fragments,
                   tuple((p.name, _pointee(p)) for p in func.params))
@@ -202,11 +237,18 @@ def require_nvcc() -> str:
 _REGS = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK = re.compile(r"(\d+) bytes stack frame")  # local memory: arrays indexed at run time
+# ptxas -v: one section per entry function, from its "Compiling entry function" line on.
+_FUNCTION = re.compile(r"Compiling entry function '(\w+)'(.*?)(?=Compiling entry function|\Z)",
+                       re.S)
 
 
-def compile_cuda(source: str, arch: str) -> tuple[str, bytes, dict]:
+def compile_cuda(source: str, arch: str, first: str | None = None) -> tuple[str, bytes, dict]:
     """nvcc `source` to PTX for `arch` (e.g. "sm_90"), then ptxas to a cubin. Returns (ptx,
-    cubin, ptxas' report {registers, static_shared_bytes, spill_bytes, log})."""
+    cubin, ptxas' report {registers, static_shared_bytes, spill_bytes, stack_bytes, functions,
+    log}): registers and static shared bytes of kernel `first` (default: the one ptxas
+    reports first), spills and stack frames (local memory) of all, and per kernel in
+    `functions`."""
     exe = require_nvcc()
     ptxas = str(Path(exe).with_name("ptxas"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -219,8 +261,18 @@ def compile_cuda(source: str, arch: str) -> tuple[str, bytes, dict]:
                 raise LoweringError(f"{Path(cmd[0]).name} for {arch} failed:\n"
                                     f"{res.stderr[-3000:]}")
         log = (res.stderr + res.stdout).strip()
-        regs, smem, spill = _REGS.search(log), _SMEM.search(log), _SPILL.search(log)
-        report = {"registers": int(regs.group(1)) if regs else 0,
-                  "static_shared_bytes": int(smem.group(1)) if smem else 0,
-                  "spill_bytes": sum(map(int, spill.groups())) if spill else 0, "log": log}
+        functions = {}
+        for name, part in _FUNCTION.findall(log):
+            regs, smem, spill = _REGS.search(part), _SMEM.search(part), _SPILL.search(part)
+            stack = _STACK.search(part)
+            functions[name] = {"registers": int(regs.group(1)) if regs else 0,
+                               "static_shared_bytes": int(smem.group(1)) if smem else 0,
+                               "spill_bytes": sum(map(int, spill.groups())) if spill else 0,
+                               "stack_bytes": int(stack.group(1)) if stack else 0}
+        if not functions:
+            raise LoweringError(f"ptxas -v for {arch} reported no entry function:\n{log}")
+        report = {**functions.get(first, next(iter(functions.values()))),
+                  "spill_bytes": sum(f["spill_bytes"] for f in functions.values()),
+                  "stack_bytes": sum(f["stack_bytes"] for f in functions.values()),
+                  "functions": functions, "log": log}
         return ptx.read_text(), cubin.read_bytes(), report

@@ -24,7 +24,7 @@ from pathlib import Path
 from ...errors import LoweringError
 from . import codegen
 
-FORMAT = "tsl-cuda-kernel/2"
+FORMAT = "tsl-cuda-kernel/3"
 SASS_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
 _TARGET = re.compile(r"^\s*\.target\s+(sm_\d+a?)", re.M)
 _VERSION = re.compile(r"^\s*\.version\s+(\d+\.\d+)", re.M)
@@ -76,7 +76,9 @@ def write_images(path: Path, ptx: str, cubin: bytes) -> dict:
 def write(path: Path, artifact, ptx: str, cubin: bytes, rep: dict, params: list[dict],
           **extra) -> Path:
     """Write an exported kernel directory: kernel.cu, the images, and kernel.json with the
-    launch (kernel name, grid, block, dynamic shared memory), `params` in order (name, dtype,
+    launch (kernel name, grid, block, dynamic shared memory; "launches": the kernels to launch
+    in order, each with its arguments by name; "workspace": global buffers to allocate for
+    them, a split reduction's partial sums), `params` in order (name, dtype,
     padded shape, real shape, role, kind "pointer" or "tensormap", tensor), the reference
     operator, ptxas's resource report and `extra` entries (a kernel's own launch facts)."""
     path = Path(path)

@@ -25,6 +25,10 @@ On a machine with `mma_sync` (sm_80) the fp16 / bf16 / int8 GEMM family takes an
                                    store from them, two fp32 per lane as one 8-byte store
     tensorize                   -> two mma.sync.m16n8k16 per 16x16x16 step (m16n8k32 per
                                    16x16x32 step for int8)
+    split_reduction(k.0)        -> s_tir rfactor: the GEMM kernel writes each part's partial
+                                   sums to a workspace in global memory ([parts, M, N] of the
+                                   accumulator's dtype); a second kernel adds them in order
+                                   and applies the epilogue once (`_sum_partials`)
 
 conv2d (NHWC data, RSCK weights) is an implicit GEMM: rows are output pixels, columns output
 channels, the reduction is (r, s, input channel). The weights' tile is staged like a GEMM's B.
@@ -37,6 +41,8 @@ NCHW is refused: its tiles would need a transposing copy.
 """
 
 from __future__ import annotations
+
+import math
 
 from ...errors import LoweringError
 from ...lower import LowerContext, Lowering
@@ -168,7 +174,45 @@ class TensorCoreLowering(Lowering):
         if self.machine.params.get("cp_async", False):
             sch.annotate(rv, "software_pipeline_async_stages", [0])
 
+    def split_reduction(self, ctx: LowerContext, rv) -> None:
+        """The GEMM kernel computes the partial sums (block C_rf: [parts, M, N] of the
+        accumulator's dtype, in global memory); the block that adds them ("C") and the
+        epilogue become a second kernel (`_sum_partials`). mma.sync kernels only."""
+        if not self.uses_mma(ctx.op):
+            raise LoweringError(f"{ctx.tsl.op} on {self.machine.name}: a split reduction "
+                                f"(split_k > 1) is built for the ldmatrix + mma.sync kernels "
+                                f"only; use split_k=1")
+        ctx.sch.rfactor(rv, factor_axis=0)
+        ctx.main = "C_rf"
+
+    def _sum_partials(self, ctx: LowerContext) -> None:
+        """The second kernel of a split reduction: each thread sums the partials of 4 adjacent
+        outputs in registers, in order (part 0 first: deterministic), applies the epilogue
+        once and stores them, 16 bytes at a time; 32 threads a warp, warps along
+        threadIdx.y."""
+        sch = ctx.sch
+        total, vec = math.prod(ctx.op.output.shape), 4  # N is padded to 16: whole vectors
+        warps = next(w for w in (8, 4, 2, 1) if total % (w * 32 * vec) == 0)
+        wb = sch.get_sblock("C")
+        *spatial, last, parts = sch.get_loops(wb)
+        last, v = sch.split(last, [None, vec])
+        sch.reorder(parts, v)
+        bx, ty, tx = sch.split(sch.fuse(*spatial, last), [None, warps, 32])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        try:
+            out = sch.get_sblock("out")
+            sch.set_scope(wb, 0, "local")
+        except Exception:  # noqa: BLE001 - no epilogue: the sums are copied out as they are
+            out = sch.cache_write(wb, 0, "local")
+        sch.decompose_reduction(wb, parts)
+        sch.reverse_compute_at(out, tx, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(out)[-1])
+
     def epilogue(self, ctx: LowerContext, at: Loop | None) -> None:
+        if ctx.main != "C":
+            return self._sum_partials(ctx)
         if self.uses_mma(ctx.op):
             # Register-direct: the epilogue is computed by the store from the registers.
             try:
@@ -194,7 +238,7 @@ class TensorCoreLowering(Lowering):
                                 f"accumulator level (cache(...)); missing: {missing}")
         dt, acc = op.dtype, op.acc_dtype
         b_col = bool(op.params.get("transpose_b"))  # B given as [N, K]: column-major fragments
-        k_outer = next(lp for lp in s.loops if s.role_of(lp.axes[0]) == "k")
+        k_outer = next(lp for lp in s.loops if s.reduces(lp))
         init = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
         if self.uses_mma(op):
             return self._tensorize_mma(ctx, loop, init, b_col)
@@ -272,6 +316,7 @@ class TensorCoreLowering(Lowering):
                 pass
         warps = next((lp.extent for lp in s.loops if lp.parallel
                       and s.machine.compute_level(lp.parallel).role == "subcore"), 1)
+        _unroll_register_loops(ctx)
         if self.uses_mma(ctx.op):
             # Swizzled shared tiles (TVM's InjectPermutedLayout): the 16-byte column block
             # of row r is stored at block ^ (r % 8) (^ (r % 8 // 2) for 64-byte rows), for
@@ -279,17 +324,24 @@ class TensorCoreLowering(Lowering):
             # rows of 32 elements or more, and a power of two of them: with rows of 96 the
             # XOR'ed index of a 16-byte vector is not seen to stay contiguous (the copy would
             # be scattered, no cp.async). Other tiles (a K or N of 16, k_inner = 6) stay
-            # unswizzled. So do int8 tiles: TVM's pass fails on 8-bit elements (their
-            # ldmatrix reads have bank conflicts; tsl_lds4's byte gathers anyway).
+            # unswizzled. TVM's pass fails on 8-bit elements: int8 tiles read by ldmatrix
+            # are padded instead (model.row_padding; rows of 64 bytes keep conflicts on
+            # their ldmatrix reads, tsl_lds4's byte gathers anyway).
             loads = dict(ctx.blocks["ldmatrix"])
             for operand in ("A", "B"):
                 blk = ctx.blocks[f"{operand}_shared"]
                 _spread(sch, blk, warps, ctx.op.dtype)
                 row = self.rows[operand]
-                if (operand in loads and dtype_bytes(ctx.op.dtype) == 2 and row >= 32
-                        and row & (row - 1) == 0):
+                if operand not in loads or row & (row - 1):
+                    continue
+                if dtype_bytes(ctx.op.dtype) == 2 and row >= 32:
                     sch.annotate(blk, "permuted_layout", 1)
                     sch.annotate(loads[operand], "permuted_layout", 1)
+                elif pad := model.row_padding(self.machine, ctx.op, operand, row):
+                    # 8-bit rows of 128+ bytes, padded: the 8 rows an ldmatrix reads at one
+                    # column fall in 8 different bank groups, and so do a quarter warp's
+                    # cp.async chunks (in one row).
+                    sch.storage_align(blk, 0, axis=-2, factor=row, offset=pad)
             return
         for operand in ("A", "B"):
             window = ctx.op.name == "conv2d" and operand == "A"
@@ -303,6 +355,23 @@ class TensorCoreLowering(Lowering):
         out_bytes, acc_bytes = dtype_bytes(ctx.op.out_dtype), dtype_bytes(ctx.op.acc_dtype)
         _spread(sch, ctx.blocks["C_store"], 1, ctx.op.out_dtype,
                 vector_bytes=int(VECTOR_BYTES * min(1, out_bytes / acc_bytes)))
+
+
+def _unroll_register_loops(ctx: LowerContext) -> None:
+    """Unroll the serial loops between the accumulator's staging and the reduction (conv2d's
+    output rows of a tile, h_inner, when they are not inside the reduction): each iteration
+    uses its own accumulator fragments, and registers cannot be indexed by a loop counter;
+    rolled (its body, the whole pipelined reduction, is too big for nvcc to unroll by
+    itself), the fragments would live in local memory (a stack frame in ptxas -v)."""
+    s = ctx.tsl
+    acc = next((st.at for st in s.stages if st.operand == "C"), None)
+    if acc is None:
+        return
+    for lp in s.loops[s.loops.index(acc) + 1:]:
+        if s.reduces(lp):
+            return
+        if lp.extent > 1 and not lp.parallel:
+            ctx.sch.unroll(ctx.rv(lp))
 
 
 def _blocked(sch, block, buffer) -> None:

@@ -23,7 +23,11 @@ each accumulator fragment goes through shared memory between two barriers; mma.s
 stored from the registers). Blocks per SM come from registers, shared memory and warps
 (`occupancy`); blocks run in waves of (SMs x blocks per SM), the last wave with as many blocks
 per SM as it has, on as many SMs (wave quantization: a grid of 3 blocks uses 3 SMs). The result
-is floored by the HBM traffic.
+is floored by the HBM traffic. A split reduction (split-K: `parts` blocks per output tile, each
+over its part of the reduction) writes its partial sums in place of the output, and adds a
+second kernel: the launch gap of a dependent kernel plus its traffic (the partials read, the
+output written) from the L2 when they fit there, else from HBM (`kernel_gap_seconds`,
+`l2_capacity_bytes`).
 
 `upper_bound_seconds` is the roofline of the emitted instruction (its rate x the busy share of
 the last wave, or HBM): no kernel issuing that instruction can be faster, so a rate computed
@@ -77,7 +81,8 @@ def tile_of(schedule, instruction: str) -> Tile:
     staged = [st.at for st in s.stages if st.level.role == "scratchpad"]
     pipelined = next((lp for lp in s.loops if lp.stages > 1), None)
     step_at = pipelined or (staged[0] if staged else None)
-    k_total = math.prod(ext[a] for a in ext if s.role_of(a) == "k")
+    # A split reduction's part per block (split_reduction: each block sums one part).
+    k_total = math.prod(ext[a] for a in ext if s.role_of(a) == "k") // s.split_parts
     if step_at is not None:
         inside = s.loops.index(step_at) + 1
         k_step = math.prod(lp.extent for lp in s.loops[inside:]
@@ -142,11 +147,24 @@ def epilogue_shared_bytes(tile: Tile) -> int:
     return int(rows * cols * tile.acc_bytes)
 
 
+def row_padding(machine, op, operand: str, row: int) -> int:
+    """Bytes the lowering adds to each `row`-element row of an operand's shared tile: 16 for
+    the 8-bit tiles ldmatrix reads (A; B given as [N, K]) in rows of a power of two of 128
+    bytes or more, so that the 8 rows of one ldmatrix fall in 8 different bank groups (TVM's
+    swizzle pass does not take 8-bit tiles)."""
+    if (planned_instruction(machine, op) != "mma_sync" or dtype_bytes(op.dtype) != 1
+            or (operand == "B" and not op.params.get("transpose_b"))):
+        return 0
+    return 16 if row >= 128 and row & (row - 1) == 0 else 0
+
+
 def shared_bytes(schedule, tile: Tile) -> int:
-    """Shared memory of a block: every staged A / B tile times its pipeline's buffers, and for
-    WMMA the accumulator tile its epilogue goes through."""
-    staged = sum(st.bytes * st.at.stages for st in schedule.stages
-                 if st.level.role == "scratchpad")
+    """Shared memory of a block: every staged A / B tile (with its rows' padding) times its
+    pipeline's buffers, and for WMMA the accumulator tile its epilogue goes through."""
+    s = schedule
+    staged = sum((st.bytes + st.elements // tile.block_k
+                  * row_padding(s.machine, s.op, st.operand, tile.block_k)) * st.at.stages
+                 for st in s.stages if st.level.role == "scratchpad")
     return int(staged + epilogue_shared_bytes(tile))
 
 
@@ -185,19 +203,47 @@ def occupancy(machine, threads: int, regs: int, smem: int, regs_from: str) -> Oc
 def hbm_bytes(schedule, resident: int) -> int:
     """HBM traffic of a launch whose blocks run in waves of `resident` (SMs x blocks per SM)
     in launch order: the L2 cache lets a wave read each A row panel and B column panel it
-    touches once; the output is written once."""
+    touches once; the output is written once (a split reduction's GEMM kernel: its partial
+    sums, `partial_bytes`)."""
     s, op = schedule, schedule.op
     ext = s.padded_extents()
     block = _extents_inside(s, _parallel_index(s, "core"))
     cols = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) == "n")
     rows = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) in ("m", "b"))
     a, b = (op.footprint(x, ext) * dtype_bytes(op.input(x).dtype) for x in ("A", "B"))
-    out = op.footprint("C", ext) * dtype_bytes(op.out_dtype)
+    if s.split_parts > 1:
+        out, other = partial_bytes(s), 0  # the epilogue's inputs: read by the second kernel
+    else:
+        out = op.footprint("C", ext) * dtype_bytes(op.out_dtype)
+        other = sum(math.prod(t.shape) * dtype_bytes(t.dtype) for t in op.inputs
+                    if t.role not in ("A", "B"))
+    # A split reduction's blocks are launched part by part (its loop is outermost in the
+    # grid): a wave reads a part of the row and column panels of as many tiles.
+    waves = math.ceil(s.split_parts * rows * cols / resident)
+    per_wave = (min(rows, math.ceil(resident / cols)) * a / rows
+                + min(cols, resident) * b / cols) / s.split_parts
+    return int(max(a + b, min(a * cols + b * rows, waves * per_wave)) + out + other)
+
+
+def partial_bytes(schedule) -> int:
+    """A split reduction's partial sums: parts x the padded output, in the accumulator's
+    dtype (0 without a split)."""
+    s = schedule
+    if s.split_parts == 1:
+        return 0
+    return s.split_parts * s.op.footprint("C", s.padded_extents()) * dtype_bytes(s.op.acc_dtype)
+
+
+def sum_bytes(schedule) -> int:
+    """What the second kernel of a split reduction moves: it reads the partial sums and the
+    epilogue's other inputs (a bias), and writes the output (0 without a split)."""
+    s, op = schedule, schedule.op
+    if s.split_parts == 1:
+        return 0
+    out = op.footprint("C", s.padded_extents()) * dtype_bytes(op.out_dtype)
     other = sum(math.prod(t.shape) * dtype_bytes(t.dtype) for t in op.inputs
                 if t.role not in ("A", "B"))
-    waves = math.ceil(rows * cols / resident)
-    per_wave = min(rows, math.ceil(resident / cols)) * a / rows + min(cols, resident) * b / cols
-    return int(max(a + b, min(a * cols + b * rows, waves * per_wave)) + out + other)
+    return partial_bytes(s) + out + other
 
 
 def price(schedule, instruction: str | None = None, regs: int | None = None,
@@ -213,7 +259,8 @@ def price(schedule, instruction: str | None = None, regs: int | None = None,
                     "ptxas" if regs is not None else "model")
     padded = 2.0 * math.prod(s.padded_extents().values())
     hbm = hbm_bytes(s, occ.blocks_per_sm * m.cores())
-    return model(m, t, 2.0 * s.op.macs, padded, occ.blocks_per_sm, hbm, s.op.dtype), occ
+    return model(m, t, 2.0 * s.op.macs, padded, occ.blocks_per_sm, hbm, s.op.dtype,
+                 parts=s.split_parts, sum_bytes=sum_bytes(s)), occ
 
 
 def instruction_of(source: str) -> str:
@@ -261,14 +308,24 @@ class Model:
     cycles: float
     clock_hz: float
     hbm_seconds: float
+    # A split reduction: partial sums per output, and the second kernel that adds them (its
+    # launch gap, and its traffic at the rate of where the partials are).
+    parts: int = 1
+    sum_gap_seconds: float = 0.0
+    sum_traffic_seconds: float = 0.0
     kind: str = "model"
 
     @property
+    def sum_seconds(self) -> float:
+        return self.sum_gap_seconds + self.sum_traffic_seconds
+
+    @property
     def seconds(self) -> float:
-        return max(self.cycles / self.clock_hz, self.hbm_seconds)
+        return max(self.cycles / self.clock_hz, self.hbm_seconds) + self.sum_seconds
 
     @property
     def limiter(self) -> str:
+        """What bounds the GEMM kernel (a split reduction's sum kernel is added to it)."""
         if self.hbm_seconds >= self.cycles / self.clock_hz:
             return "HBM"
         return max(self.step_cycles, key=self.step_cycles.get)
@@ -281,9 +338,10 @@ class Model:
 
     @property
     def upper_bound_seconds(self) -> float:
-        """The emitted instruction's roofline: nothing issuing it can be faster."""
+        """The emitted instruction's roofline: nothing issuing it can be faster (with a split
+        reduction, nor without moving its partial sums once more)."""
         rate = self.peak * self.instruction_rate * self.wave_efficiency
-        return max(self.padded_flops / rate, self.hbm_seconds)
+        return max(self.padded_flops / rate, self.hbm_seconds) + self.sum_traffic_seconds
 
     @property
     def rate(self) -> float:
@@ -304,12 +362,18 @@ class Model:
             f"{100 * self.instruction_rate:.0f}% of peak, "
             f"{100 * self.wave_efficiency:.0f}% of the last wave busy)",
             f"  per k-step of a block (cycles): {step}; per block, exposed: {exposed}",
-            f"  {self.blocks_per_sm} block(s)/SM, {self.waves:.2f} waves on {self.sms} SMs"])
+            f"  {self.blocks_per_sm} block(s)/SM, {self.waves:.2f} waves on {self.sms} SMs"]
+            + ([f"  split reduction: {self.parts} partial sums per output, added by a second "
+                f"kernel: {self.sum_seconds * 1e6:.2f} us ({self.sum_gap_seconds * 1e6:.2f} "
+                f"launch gap + {self.sum_traffic_seconds * 1e6:.2f} traffic)"]
+               if self.parts > 1 else []))
 
 
 def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm: int,
-          hbm_bytes: float, dtype: str) -> Model:
-    """The modelled time of a kernel with block tile `tile` on `machine` (see the module)."""
+          hbm_bytes: float, dtype: str, parts: int = 1, sum_bytes: float = 0.0) -> Model:
+    """The modelled time of a kernel with block tile `tile` on `machine` (see the module);
+    with `parts` > 1 it computes partial sums, and a second kernel that moves `sum_bytes`
+    adds them."""
     p = machine.params
     prim = machine.primitive(dtype)
     rates = p.get("instruction_rate", {})
@@ -381,9 +445,19 @@ def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm:
         cycles += last
         if not full:
             step, exposed = step_last, exposed_last
+    gap = traffic = 0.0
+    if parts > 1:
+        if "kernel_gap_seconds" not in p:
+            raise TAMError(f"{machine.name}: a split reduction's second kernel needs "
+                           f"[params] kernel_gap_seconds (and l2_capacity_bytes)")
+        gap = float(p["kernel_gap_seconds"])
+        # The partial sums were just written: read from the L2 if they fit in it.
+        resident_l2 = sum_bytes <= float(p.get("l2_capacity_bytes", 0))
+        traffic = sum_bytes / float(p["l2_bytes_per_s" if resident_l2 else "hbm_bytes_per_s"])
     return Model(machine.name, t.instruction, irate, machine.peak(dtype), flops, padded_flops,
                  blocks_per_sm, sms, t.blocks / resident, step, exposed, cycles,
-                 machine.clock_hz, hbm_bytes / float(p["hbm_bytes_per_s"]))
+                 machine.clock_hz, hbm_bytes / float(p["hbm_bytes_per_s"]), parts, gap,
+                 traffic)
 
 
 def schedule_program(schedule) -> Program:

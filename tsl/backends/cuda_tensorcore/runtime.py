@@ -44,7 +44,8 @@ def gpu_missing() -> str | None:
 
 
 class CupyKernel:
-    """A kernel loaded from an export directory, launched with CuPy arrays or NumPy arrays."""
+    """The kernels of an export directory (one; a split reduction's two), launched in order
+    with CuPy arrays or NumPy arrays."""
 
     def __init__(self, path: str | Path):
         import cupy
@@ -54,10 +55,13 @@ class CupyKernel:
         arch = f"sm_{cupy.cuda.Device().compute_capability}"
         images = self.meta["images"]
         image = path / images["cubin"].get(arch, images["ptx"]["file"])
-        self.function = cupy.RawModule(path=str(image)).get_function(self.meta["kernel"])
-        dyn = self.meta["dynamic_shared_bytes"]
-        if dyn > 48 * 1024:
-            self.function.max_dynamic_shared_size_bytes = dyn
+        module = cupy.RawModule(path=str(image))
+        self.launches = []
+        for launch in self.meta["launches"]:
+            function = module.get_function(launch["kernel"])
+            if launch["dynamic_shared_bytes"] > 48 * 1024:
+                function.max_dynamic_shared_size_bytes = launch["dynamic_shared_bytes"]
+            self.launches.append((function, launch))
 
     def output(self):
         import cupy
@@ -66,10 +70,17 @@ class CupyKernel:
         return cupy.empty(tuple(out["shape"]), dtype=np_dtype(out["dtype"]))
 
     def __call__(self, *args) -> None:
-        """Launch on device arrays: the inputs, then the output (in `params` order)."""
-        m = self.meta
-        self.function(tuple(m["grid"]), tuple(m["block"]), args,
-                      shared_mem=m["dynamic_shared_bytes"])
+        """Launch on device arrays: the inputs, then the output (in `params` order); the
+        workspaces are allocated here."""
+        import cupy
+
+        named = {p["name"]: a for p, a in zip(self.meta["params"], args, strict=True)}
+        named.update((w["name"], cupy.empty(w["elements"], dtype=np_dtype(w["dtype"])))
+                     for w in self.meta["workspace"])
+        for function, launch in self.launches:
+            function(tuple(launch["grid"]), tuple(launch["block"]),
+                     tuple(named[a] for a in launch["args"]),
+                     shared_mem=launch["dynamic_shared_bytes"])
 
 
 @dataclass
@@ -139,7 +150,8 @@ class TensorCoreArtifact(Artifact):
     def _compile(self, arch: str | None = None) -> tuple[str, bytes, dict]:
         arch = arch or self.arch
         if arch not in self._compiled:
-            self._compiled[arch] = codegen.compile_cuda(self.kernel.source, arch)
+            self._compiled[arch] = codegen.compile_cuda(self.kernel.source, arch,
+                                                          self.kernel.name)
         return self._compiled[arch]
 
     def ptx(self, arch: str | None = None) -> str:
@@ -171,8 +183,8 @@ class TensorCoreArtifact(Artifact):
 
     def check(self, arch: str | None = None) -> tuple[bool, str]:
         """(ok, summary): the PTX has the mma instructions (and cp.async when pipelined), every
-        fragment load reads shared memory as such, ptxas spills nothing and its resources fit
-        the machine."""
+        fragment load reads shared memory as such, ptxas spills nothing, no kernel has a stack
+        frame (local memory) and its resources fit the machine."""
         ins, res = self.instructions(arch), self.resources(arch)
         mma = ins["wmma.mma"] + ins["mma.sync"]
         problems = ([] if mma else ["no Tensor Core instruction"]) + (
@@ -181,6 +193,8 @@ class TensorCoreArtifact(Artifact):
             [f"{ins['wmma.load generic']} fragment loads through generic addresses"]
             if ins["wmma.load generic"] else []) + (
             [f"{res['spill_bytes']} B of register spills"] if res["spill_bytes"] else []) + (
+            [f"{res['stack_bytes']} B of local memory (a stack frame: registers indexed at "
+             f"run time)"] if res["stack_bytes"] else []) + (
             [] if res["fits"] else ["resources exceed the machine"])
         loads = (f"mma.sync x{ins['mma.sync']}, ldmatrix x{ins['ldmatrix']}" if ins["mma.sync"]
                  else f"wmma.mma x{ins['wmma.mma']}, wmma.load x{ins['wmma.load']}")
@@ -197,10 +211,11 @@ class TensorCoreArtifact(Artifact):
         ptx, cubin, rep = self._compile()
         big = self.ctx.op
         tensors = list(big.inputs) + [big.output]
-        # The output is the kernel's last parameter: "out" after an epilogue, else "C".
-        names = [n for n, _ in self.kernel.params]
+        # The function's arguments, as its kernels name them: the output last, "out" after an
+        # epilogue, else "C" (a split reduction's GEMM kernel takes a workspace instead).
+        names = [f"{p.name}_ptr" for p in self.mod["main"].params]
         if names[:-1] != [f"{t.name}_ptr" for t in big.inputs] or len(names) != len(tensors):
-            raise LoweringError(f"kernel parameters {self.kernel.params} are not the operator's "
+            raise LoweringError(f"the function's parameters {names} are not the operator's "
                                 f"tensors {[t.name for t in tensors]} in order")
         # Each parameter is its operator tensor zero-padded at the end of every axis.
         if self.ctx.layouts or self.ctx.unsigned_a or self.ctx.b_dtype:
@@ -210,7 +225,7 @@ class TensorCoreArtifact(Artifact):
         real = {t.role: t for t in list(self.op.inputs) + [self.op.output]}
         params = [{"name": name, "dtype": t.dtype, "shape": list(t.shape), "role": t.role,
                    "kind": "pointer", "tensor": t.name, "real_shape": list(real[t.role].shape)}
-                  for (name, _), t in zip(self.kernel.params, tensors)]
+                  for name, t in zip(names, tensors)]
         return export.write(path, self, ptx, cubin, rep, params)
 
     # -- running ----------------------------------------------------------------------------
