@@ -8,8 +8,9 @@ For each pair X:Y of ResNet-18 layers (docs/vta.md §6, int8 with VTA's requanti
    database.
 2. Y is tuned with the same budget for every seed, twice: from scratch (`transfer=False`, its
    own empty database) and with X's model copied beside its database (`transfer=True`). The two
-   runs of a seed share the candidate pool and differ only by the model ranking the batches
-   before the run has 2 batches of its own measurements (then both train on their own).
+   runs of a seed share the candidate pool and differ only by X's model: it ranks the batches
+   before the run has 2 batches of its own measurements, then the run's own model corrects
+   X's prediction (from scratch: the analytic model's).
 3. The goal for Y is the best configuration any of its runs found (all seeds, both arms). Per
    run: the trials it needed to come within 1% of the goal (">N": it did not within its
    budget). The table gives the median over seeds of each arm, the per-seed values, and the
@@ -64,14 +65,14 @@ class Memo(tune.Runner):
 
 
 def run_pair(x: str, y: str, target: str, trials: int, seeds: int, work: Path,
-             progress) -> dict:
+             progress, pool: int = 600) -> dict:
     machine = resolve_target(target)[1]
     op_x, op_y = classic.layer(x), classic.layer(y)
     fn = tsl.default_schedule("conv2d")
     src = tune.Database(work / f"{x}.jsonl")
     progress(f"{x}: tuning from scratch, {trials} trials")
     rx = tune.tune(op_x, target, trials=trials, seed=0, database=src, transfer=False,
-                   runner=Memo())
+                   runner=Memo(), pool=pool)
     runs = {"scratch": [], "transfer": []}
     for seed in range(seeds):
         for arm in runs:
@@ -81,8 +82,7 @@ def run_pair(x: str, y: str, target: str, trials: int, seeds: int, work: Path,
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(src.model_path(machine, fn), dst)
             r = tune.tune(op_y, target, trials=trials, seed=seed, database=db,
-                          transfer=arm == "transfer",
-                          runner=Memo(seed))
+                          transfer=arm == "transfer", runner=Memo(seed), pool=pool)
             assert r.transferred == (arm == "transfer")
             runs[arm].append(r)
             progress(f"{y} seed {seed} {arm}: best {r.seconds * 1e6:.2f} us, "
@@ -100,6 +100,7 @@ def run_pair(x: str, y: str, target: str, trials: int, seeds: int, work: Path,
         # A run that never came within 1% counts as budget + 1 (">N") in the median.
         row[f"{arm}_median"] = statistics.median(n or trials + 1 for n in reach)
         row[f"{arm}_best_median_s"] = statistics.median(r.seconds for r in rs)
+        row[f"{arm}_traces"] = [r.trace for r in rs]  # best so far after each trial
         row[f"{arm}_spearman_own"] = [r.spearman_of(("own",)) for r in rs]
         row[f"{arm}_spearman_transferred"] = [r.spearman_of(("transferred",)) for r in rs]
     return row

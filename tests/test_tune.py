@@ -175,6 +175,30 @@ def test_a_transferred_model_ranks_the_first_batch(tmp_path):
     assert res.transferred and warm.seen == scratch.seen[:1] + want
 
 
+def test_the_run_corrects_the_transferred_model_rather_than_replace_it():
+    # The run's own model learns what is left of the error after the transferred model's
+    # prediction: measurements that agree with the prior leave its ranking of the rest of the
+    # pool as it was (a model of the run's measurements alone forgets what the prior knew);
+    # measurements that disagree win where they were made.
+    op, fn, m = vta_op(64), tsl.default_schedule("dense"), resolve_target("vta")[1]
+    pool = tune.candidates(op, m, fn, limit=40, seed=0)
+    feats, analytic = [tune.features(s) for s in pool], [tune.analytic_seconds(s) for s in pool]
+    slow = [3.0 if i % 3 == 0 else 1.0 for i in range(len(pool))]  # what the prior learned
+    prior = tune.LearnedModel()
+    prior.fit(feats, [a * k for a, k in zip(analytic, slow)], analytic)
+    seen, agree = slice(0, 8), list(np.exp(prior.predict(feats[:8], analytic[:8])))
+    kept, alone = tune.LearnedModel(prior=prior), tune.LearnedModel()
+    for model in (kept, alone):
+        model.fit(feats[seen], agree, analytic[seen])
+    np.testing.assert_allclose(kept.predict(feats, analytic), prior.predict(feats, analytic),
+                               atol=1e-3)
+    assert not np.allclose(alone.predict(feats, analytic), prior.predict(feats, analytic),
+                           atol=0.1)
+    kept.fit(feats[seen], analytic[seen], analytic[seen])  # measured: the analytic time
+    np.testing.assert_allclose(kept.predict(feats[seen], analytic[seen]),
+                               np.log(analytic[seen]), atol=0.05)
+
+
 def test_features_do_not_scale_with_the_operator():
     # The same knobs on an operator twice as large in every dimension: the knob features and
     # the padding waste are the same (the model trained on one ranks the other).
