@@ -130,20 +130,29 @@ def test_spearman_is_reported_and_the_model_transfers(tmp_path):
 
 def test_the_transferred_model_ranks_until_the_run_has_its_own(tmp_path):
     # The saved model ranks the batches before the run has 2 batches of its own measurements;
-    # then, and in the model the run saves, only this run's measurements count.
+    # then the run's own model corrects it; the model the run saves is of this run's
+    # measurements alone.
     op, fn, m = vta_op(96), tsl.default_schedule("dense"), resolve_target("vta")[1]
     db = Database(tmp_path / "t.jsonl")
     tune.tune(vta_op(64), "vta", trials=8, batch=4, pool=40, database=db)
+    n_feats = len(tune.features(tune.record(op, m, fn, None)))
+    prior = tune.LearnedModel.load(db.model_path(m, fn), n_feats)
     res = tune.tune(op, "vta", trials=16, batch=4, pool=40, database=db)
     assert res.transferred
     assert res.ranked_by == ["transferred", "transferred", "own", "own"]
     assert {r for *_, r in res.predicted} == {"transferred", "own"}
     assert res.spearman_of(("transferred",)) is not None
     measured = [tune.record(op, m, fn, k) for k, _, _ in res.log]
+    first = tune.LearnedModel(prior=prior)  # what ranked batch 3: the first 8, over the prior
+    first.fit([tune.features(s) for s in measured[:8]], [t for *_, t in res.log[:8]],
+              [a for _, a, _ in res.log[:8]])
+    third = [tune.features(s) for s in measured[8:12]], [a for _, a, _ in res.log[8:12]]
+    np.testing.assert_allclose([p for p, _, r in res.predicted if r == "own"][:4],
+                               first.predict(*third), rtol=1e-5)
     own = tune.LearnedModel()
     own.fit([tune.features(s) for s in measured], [t for *_, t in res.log],
             [a for _, a, _ in res.log])
-    saved = tune.LearnedModel.load(db.model_path(m, fn), len(tune.features(measured[0])))
+    saved = tune.LearnedModel.load(db.model_path(m, fn), n_feats)
     pool = tune.candidates(op, m, fn, limit=20, seed=3)
     args = ([tune.features(s) for s in pool], [tune.analytic_seconds(s) for s in pool])
     np.testing.assert_allclose(saved.predict(*args), own.predict(*args), rtol=1e-5)
