@@ -1,6 +1,6 @@
 """Is the learned model worth transferring? Trials to reach the best, with and without it.
 
-    python benchmarks/tune_transfer.py [--pairs C4:C7,C10:C7,C5:C7] [--trials 32] [--seeds 3]
+    python benchmarks/tune_transfer.py [--pairs C4:C7,C10:C7,C5:C7] [--trials 32] [--seeds 5]
                                        [--target vta] [--pool 600] [--json FILE] [--workdir DIR]
 
 For each pair X:Y of ResNet-18 layers (docs/vta.md §6, int8 with VTA's requantization):
@@ -8,9 +8,8 @@ For each pair X:Y of ResNet-18 layers (docs/vta.md §6, int8 with VTA's requanti
    database.
 2. Y is tuned with the same budget for every seed, twice: from scratch (`transfer=False`, its
    own empty database) and with X's model copied beside its database (`transfer=True`). The two
-   runs of a seed share the candidate pool and differ only by X's model: it ranks the batches
-   before the run has 2 batches of its own measurements, then the run's own model corrects
-   X's prediction (from scratch: the analytic model's).
+   runs of a seed share the candidate pool and differ only by the model ranking the batches
+   before the run has 2 batches of its own measurements (then both train on their own).
 3. The goal for Y is the best configuration any of its runs found (all seeds, both arms). Per
    run: the trials it needed to come within 1% of the goal (">N": it did not within its
    budget). The table gives the median over seeds of each arm, the per-seed values, and the
@@ -141,7 +140,7 @@ def main() -> int:
     ap.add_argument("--pairs", default="C4:C7,C10:C7,C5:C7",
                     help="source:target ResNet-18 layers (default: C4:C7,C10:C7,C5:C7)")
     ap.add_argument("--trials", type=int, default=32)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--target", default="vta")
     ap.add_argument("--pool", type=int, default=600, help="candidates per run (tune's pool)")
     ap.add_argument("--json", help="also write the rows as JSON")

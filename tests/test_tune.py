@@ -130,29 +130,20 @@ def test_spearman_is_reported_and_the_model_transfers(tmp_path):
 
 def test_the_transferred_model_ranks_until_the_run_has_its_own(tmp_path):
     # The saved model ranks the batches before the run has 2 batches of its own measurements;
-    # then the run's own model corrects it; the model the run saves is of this run's
-    # measurements alone.
+    # then, and in the model the run saves, only this run's measurements count.
     op, fn, m = vta_op(96), tsl.default_schedule("dense"), resolve_target("vta")[1]
     db = Database(tmp_path / "t.jsonl")
     tune.tune(vta_op(64), "vta", trials=8, batch=4, pool=40, database=db)
-    n_feats = len(tune.features(tune.record(op, m, fn, None)))
-    prior = tune.LearnedModel.load(db.model_path(m, fn), n_feats)
     res = tune.tune(op, "vta", trials=16, batch=4, pool=40, database=db)
     assert res.transferred
     assert res.ranked_by == ["transferred", "transferred", "own", "own"]
     assert {r for *_, r in res.predicted} == {"transferred", "own"}
     assert res.spearman_of(("transferred",)) is not None
     measured = [tune.record(op, m, fn, k) for k, _, _ in res.log]
-    first = tune.LearnedModel(prior=prior)  # what ranked batch 3: the first 8, over the prior
-    first.fit([tune.features(s) for s in measured[:8]], [t for *_, t in res.log[:8]],
-              [a for _, a, _ in res.log[:8]])
-    third = [tune.features(s) for s in measured[8:12]], [a for _, a, _ in res.log[8:12]]
-    np.testing.assert_allclose([p for p, _, r in res.predicted if r == "own"][:4],
-                               first.predict(*third), rtol=1e-5)
     own = tune.LearnedModel()
     own.fit([tune.features(s) for s in measured], [t for *_, t in res.log],
             [a for _, a, _ in res.log])
-    saved = tune.LearnedModel.load(db.model_path(m, fn), n_feats)
+    saved = tune.LearnedModel.load(db.model_path(m, fn), len(tune.features(measured[0])))
     pool = tune.candidates(op, m, fn, limit=20, seed=3)
     args = ([tune.features(s) for s in pool], [tune.analytic_seconds(s) for s in pool])
     np.testing.assert_allclose(saved.predict(*args), own.predict(*args), rtol=1e-5)
@@ -182,30 +173,6 @@ def test_a_transferred_model_ranks_the_first_batch(tmp_path):
     warm = Counting()
     res = tune.tune(op, "vta", trials=4, batch=4, pool=40, runner=warm, database=db)
     assert res.transferred and warm.seen == scratch.seen[:1] + want
-
-
-def test_the_run_corrects_the_transferred_model_rather_than_replace_it():
-    # The run's own model learns what is left of the error after the transferred model's
-    # prediction: measurements that agree with the prior leave its ranking of the rest of the
-    # pool as it was (a model of the run's measurements alone forgets what the prior knew);
-    # measurements that disagree win where they were made.
-    op, fn, m = vta_op(64), tsl.default_schedule("dense"), resolve_target("vta")[1]
-    pool = tune.candidates(op, m, fn, limit=40, seed=0)
-    feats, analytic = [tune.features(s) for s in pool], [tune.analytic_seconds(s) for s in pool]
-    slow = [3.0 if i % 3 == 0 else 1.0 for i in range(len(pool))]  # what the prior learned
-    prior = tune.LearnedModel()
-    prior.fit(feats, [a * k for a, k in zip(analytic, slow)], analytic)
-    seen, agree = slice(0, 8), list(np.exp(prior.predict(feats[:8], analytic[:8])))
-    kept, alone = tune.LearnedModel(prior=prior), tune.LearnedModel()
-    for model in (kept, alone):
-        model.fit(feats[seen], agree, analytic[seen])
-    np.testing.assert_allclose(kept.predict(feats, analytic), prior.predict(feats, analytic),
-                               atol=1e-3)
-    assert not np.allclose(alone.predict(feats, analytic), prior.predict(feats, analytic),
-                           atol=0.1)
-    kept.fit(feats[seen], analytic[seen], analytic[seen])  # measured: the analytic time
-    np.testing.assert_allclose(kept.predict(feats[seen], analytic[seen]),
-                               np.log(analytic[seen]), atol=0.05)
 
 
 def test_features_do_not_scale_with_the_operator():

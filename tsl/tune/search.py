@@ -12,13 +12,10 @@ candidates remain.
 
 Transfer: a model saved beside the database by an earlier run of the same schedule on the same
 machine (another operator of the family: the features are size-free) ranks the batches before
-the run has a model of its own, in place of the analytic model alone; from then on the run's
-own model, trained on this run's measurements, learns what is left of the error after the
-saved model's prediction (the saved model stays where the run's measurements agree with it and
-is overruled where they do not). What the run saves is a model of its own measurements alone
-(the earlier operator's errors are not carried along a chain of runs). For every batch a
-learned model ranked, the Spearman correlation of its predictions with the measurements is
-kept, with which model ranked it."""
+the run has a model of its own, in place of the analytic model alone; from then on only this
+run's measurements train the model (the earlier operator's errors are not carried along), and
+that model is what the run saves. For every batch a learned model ranked, the Spearman
+correlation of its predictions with the measurements is kept, with which model ranked it."""
 
 from __future__ import annotations
 
@@ -53,8 +50,7 @@ class TuneResult:
     resumed: int = 0  # configurations taken from the database, not measured again
     failed: int = 0  # configurations whose build, check or run failed (this run)
     # (trials before the batch, rho, ranker) per batch a learned model ranked; ranker:
-    # "transferred" (a model saved by an earlier run) or "own" (trained on this run, over the
-    # transferred model's prediction when there is one)
+    # "transferred" (a model saved by an earlier run) or "own" (trained on this run)
     spearman: list = field(default_factory=list)
     predicted: list = field(default_factory=list)  # (log seconds predicted, measured, ranker)
     transferred: bool = False  # the first batches were ranked by a model saved earlier
@@ -152,22 +148,19 @@ class LearnedModel:
     A schedule's predicted log seconds are its analytic log seconds plus the predicted error:
     with no measurement yet the ranking is the analytic model's, and what a model learns about
     the analytic model's mistakes (a data path it underestimates, a knob it misjudges) is what
-    carries over to another operator of the family. With a `prior` (a model saved by an earlier
-    run), the model learns and predicts what is left of the error after the prior's prediction:
-    where this run's measurements agree with the prior it stays, where they do not they win."""
+    carries over to another operator of the family."""
 
     PARAMS = {"max_depth": 4, "eta": 0.2, "nthread": 1}
     ROUNDS = 60
 
-    def __init__(self, booster=None, prior: "LearnedModel | None" = None):
-        self.booster, self.prior = booster, prior
+    def __init__(self, booster=None):
+        self.booster = booster
 
     def fit(self, feats: list[list[float]], seconds: list[float], analytic: list[float]) -> None:
-        """Train from scratch on these measurements (what any earlier fit learned is dropped;
-        the prior is not trained)."""
+        """Train from scratch on these measurements (what any earlier fit learned is dropped)."""
         import xgboost as xgb
 
-        label = np.log(np.asarray(seconds, dtype=float)) - self._base(feats, analytic)
+        label = np.log(np.asarray(seconds, dtype=float)) - np.log(np.asarray(analytic, float))
         self.booster = xgb.train(self.PARAMS, xgb.DMatrix(np.array(feats), label=label),
                                  self.ROUNDS)
 
@@ -175,13 +168,8 @@ class LearnedModel:
         """Predicted log seconds."""
         import xgboost as xgb
 
-        return self._base(feats, analytic) + self.booster.predict(xgb.DMatrix(np.array(feats)))
-
-    def _base(self, feats, analytic) -> np.ndarray:
-        """What this model corrects: the analytic log seconds, or the prior's prediction."""
-        if self.prior is not None:
-            return self.prior.predict(feats, analytic)
-        return np.log(np.asarray(analytic, dtype=float))
+        return (np.log(np.asarray(analytic, dtype=float))
+                + self.booster.predict(xgb.DMatrix(np.array(feats))))
 
     def save(self, path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -300,11 +288,10 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
             result.kind = rec.kind if rec.ok else result.kind
     result.resumed = len(done)
 
-    model = prior = None
-    ranker = "analytic"  # what ranks the next batch
+    model, ranker = None, "analytic"  # what ranks the next batch
     model_path = db.model_path(machine, fn) if db is not None else None
     if transfer and model_path is not None:
-        model = prior = LearnedModel.load(model_path, len(est(0)[1]))
+        model = LearnedModel.load(model_path, len(est(0)[1]))
         result.transferred = model is not None
         ranker = "transferred" if model is not None else ranker
 
@@ -336,7 +323,7 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
             break
         ok = [i for i in done if math.isfinite(done[i])]
         if len(ok) >= 2 * batch:
-            model, ranker = LearnedModel(prior=prior), "own"
+            model, ranker = LearnedModel(), "own"
             model.fit([est(i)[1] for i in ok], [done[i] for i in ok], [est(i)[0] for i in ok])
         scored = model is not None
         score = ((model.predict([est(i)[1] for i in todo], [est(i)[0] for i in todo]) if scored
