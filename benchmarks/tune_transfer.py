@@ -126,13 +126,14 @@ def print_table(rows: list[dict]) -> None:
               f"{cells[0]:34s}{cells[1]:34s}"
               f"{r['scratch_best_median_s'] * 1e6:8.2f}/{r['transfer_best_median_s'] * 1e6:.2f}")
     print("\nSpearman of the learned model's predictions with the next batch, per seed")
-    print(f"{'X -> Y':10s} {'scratch, own model':26s}{'transfer, X model':26s}"
-          f"{'transfer, own model':26s}")
+    w = max(26, 6 * max(r["seeds"] for r in rows) + 2)  # "+0.12," per seed
+    print(f"{'X -> Y':10s} {'scratch, own model':{w}s}{'transfer, X model':{w}s}"
+          f"{'transfer, own model':{w}s}")
     for r in rows:
         cols = [r["scratch_spearman_own"], r["transfer_spearman_transferred"],
                 r["transfer_spearman_own"]]
         print(f"{r['X'] + ' -> ' + r['Y']:10s} " + "".join(
-            f"{','.join('-' if v is None else f'{v:+.2f}' for v in c):26s}" for c in cols))
+            f"{','.join('-' if v is None else f'{v:+.2f}' for v in c):{w}s}" for c in cols))
 
 
 def main() -> int:
