@@ -29,7 +29,9 @@ class VTABackend(Backend):
         a, b = mover.get(p.a_level), mover.get(p.b_level)
         program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg,
                                    row_pitch=bool(a and a.row_pitch),
-                                   keep_tiles=bool(a and b and a.keeps_tiles and b.keeps_tiles))
+                                   keep_tiles=bool(a and b and a.keeps_tiles and b.keeps_tiles),
+                                   share_tiles=bool(a and b and a.shares_tiles
+                                                    and b.shares_tiles))
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
 
     def measure(self, art: VTAArtifact):

@@ -7,10 +7,17 @@ The classic schedule's structure, and the knob that reproduces each part of it:
 - data and kernel loaded at the outer reduction tile ci0, for all h1 rows at once:
   ci_inner = tile_ci[1], reduce_rows = True;
 - oc_nthread / h_nthread = 2 virtual threads over co0 / h0: parallel_axes = "co" / "oh";
-- no software pipelining besides the virtual threads: stages = 1.
+- no software pipelining besides the virtual threads: stages = 1;
+- every virtual thread loads its own copy of every tile: classic VTA binds the thread loops to
+  "cthread" virtual threads, and TVM's InjectVirtualThread never shares a buffer between
+  cthreads (it expands every buffer allocated under them by the thread count and duplicates
+  each copy into it), so the baseline is built on the machine without `shares_tiles`.
+  (It keeps `keeps_tiles`, which the classic program does not have: that only helps it.)
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ...ops import conv2d, dense, requantize
 from ...model import record_fixed
@@ -73,4 +80,8 @@ def knobs(op, machine) -> dict | None:
 
 
 def schedule(op, machine, knob_values: dict) -> Schedule:
-    return record_fixed(op, machine, schedule_conv2d, knob_values)
+    """The classic program: `knob_values` on `machine` whose movers do not share tiles
+    between virtual threads (see the module docstring)."""
+    cthreads = dataclasses.replace(machine, movers=tuple(
+        dataclasses.replace(mv, shares_tiles=False) for mv in machine.movers))
+    return record_fixed(op, cthreads, schedule_conv2d, knob_values)

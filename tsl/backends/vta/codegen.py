@@ -357,10 +357,15 @@ class _Insn:
 
 class _Emitter:
     def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool = False,
-                 keep_tiles: bool = False):
+                 keep_tiles: bool = False, share_tiles: bool = False):
         self.k, self.op, self.c = kernel, op, config
         self.row_pitch, self.keep_tiles = row_pitch, keep_tiles
-        self.last_fill = {}  # (scratchpad buffer, thread) -> (source, origin) of its last LOAD
+        self.share_tiles = share_tiles
+        # Where each thread's tile of a scratchpad buffer is, and what each slot holds: a
+        # slot is (owning thread, pipeline slot); a shared tile sits in one thread's slot.
+        self.where = {}  # scratchpad buffer -> {thread: the slot its reads find the tile in}
+        self.holds = {}  # (scratchpad buffer, slot) -> (source, origin) of its last LOAD
+        self.shared_fills = {}  # scratchpad buffer -> shared LOADs so far (picks the owner)
         self.pending_reset = {}  # thread -> (reset leaf, loop values) not issued yet
         self.readers = {}  # inp scratchpad buffer -> the GEMM leaves that read it
         self._steps = {}  # scratchpad buffer -> row step per tile dim (see `steps`)
@@ -369,7 +374,7 @@ class _Emitter:
         self.uop_seg = 0
         self.uop_cache: dict = {}
         self.uop_top = 0
-        self.slot_count: dict = {}
+        self.fill_count: dict = {}  # (scratchpad buffer, thread) -> LOADs into its slots
         self.threads = 1
         self.dram = {}
         top = DRAM_ALIGN
@@ -476,10 +481,10 @@ class _Emitter:
         """Affine form, over the leaf's own loops, of the scratchpad entry `idx` addresses."""
         leaf, role, e, shape, strides = self.tile(buf)
         kind = buf.scope().split(".")[-1]
-        slot = self.slot_count.get((buf, tid), 1) - 1 if leaf.kind == "copy" else 0
+        owner, slot = (self.where.get(buf, {}).get(tid, (tid, 0)) if leaf.kind == "copy"
+                       else (tid, 0))
         origin = [a.at(env, leaf.chain) for a in leaf.access[role][1][:-e]]
-        form = Aff(self.slot_base(buf, tid, slot % max(leaf.stages, 1) if leaf.kind == "copy"
-                                  else 0))
+        form = Aff(self.slot_base(buf, owner, slot))
         for d, (a, g) in enumerate(zip(idx[:-e], self.steps(buf))):
             loc = Aff(a.at(env) - origin[d], a.loops(env))
             if loc.const % g or any(v % g for v in loc.terms.values()):
@@ -505,7 +510,9 @@ class _Emitter:
         for all threads in turn, a virtual-thread loop multiplies the threads."""
         for ch in node.children:
             leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
-            if leaf is not None:
+            if leaf is not None and leaf.kind == "copy":
+                self.leaf_copy(leaf, envs)
+            elif leaf is not None:
                 for tid, env in envs:
                     if leaf.kind == "reset" and self.threads > 1:
                         # Zeroing a thread's accumulator waits for the write-back of its last
@@ -527,26 +534,61 @@ class _Emitter:
                     self.walk(ch, [(t, {**env, ch: v}) for t, env in envs])
 
     # -- leaves ------------------------------------------------------------------------------
-    def leaf_copy(self, leaf, env, tid):
+    def leaf_copy(self, leaf, envs):
+        """The LOADs of a tile for every (thread, loop values) in `envs`. A thread whose slot
+        already holds the region loads nothing (`keep_tiles`: a tile staged under loops it
+        does not depend on is loaded once per change). With `share_tiles`, threads that need
+        the same region read one copy of it: one LOAD, into a slot of one of them, the
+        threads taking turns as its owner so that consecutive shared tiles alternate between
+        their slots (the threads' slots double-buffer it as they do their own tiles). The
+        tokens follow from what each instruction reads and writes (`add_tokens`): the next
+        LOAD into a slot waits for every thread's last GEMM on it."""
         dst, didx = leaf.access["dst"]
         src, sidx = leaf.access["src"]
-        key = (dst, tid)
         name, offs = src.name, [0] * len(sidx)
         if src in self.k.pads:
             src, name, offs = self.k.pads[src]
-        origin = [a.at(env, leaf.chain) + o for a, o in zip(sidx, offs)]
-        if self.keep_tiles:
-            # The thread's last fill of this buffer holds this very region: its slot is read
-            # again (no LOAD, and the slots do not rotate), so a tile staged under loops it
-            # does not depend on is loaded once per change.
-            if self.last_fill.get(key) == (name, origin):
-                return
-            self.last_fill[key] = (name, origin)
-        self.slot_count[key] = self.slot_count.get(key, 0) + 1
-        kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
-        _, _, e, shape, _ = self.tile(dst)
-        self.dma(Load, MEM_OF[kind], src, name, origin[:-e], shape, base.const, kind,
-                 pad=bool(any(offs)), steps=self.steps(dst))
+        region = {tid: (name, tuple(a.at(env, leaf.chain) + o for a, o in zip(sidx, offs)))
+                  for tid, env in envs}
+        where = self.where.setdefault(dst, {})
+        need = [tid for tid, _ in envs if not self.keep_tiles
+                or self.holds.get((dst, where.get(tid))) != region[tid]]
+        # Slots read by threads that keep their tile this round are not overwritten.
+        busy = {slot for t, slot in where.items() if t not in need}
+        for tid, env in envs:
+            if tid not in need:
+                continue
+            r = region[tid]
+            group = [t for t in need if region[t] == r] if self.share_tiles else [tid]
+            if group[0] != tid:  # loaded at the turn of the group's first thread
+                continue
+            slot = self._free_slot(dst, group, busy, max(leaf.stages, 1))
+            busy.add(slot)
+            self.holds[(dst, slot)] = r
+            for t in group:
+                where[t] = slot
+            kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
+            _, _, e, shape, _ = self.tile(dst)
+            self.dma(Load, MEM_OF[kind], src, name, list(r[1][:-e]), shape, base.const, kind,
+                     pad=bool(any(offs)), steps=self.steps(dst))
+
+    def _free_slot(self, dst, group, busy, stages):
+        """The slot for the next LOAD of `dst` that the threads of `group` read: the owner's
+        next pipeline slot (a group of several threads takes its owners in turn), else the
+        first slot of any thread that no thread still reads."""
+        n = self.shared_fills.get(dst, 0) if len(group) > 1 else 0
+        if len(group) > 1:
+            self.shared_fills[dst] = n + 1
+        owner = group[n % len(group)]
+        count = self.fill_count.get((dst, owner), 0)
+        order = [(owner, (count + i) % stages) for i in range(stages)]
+        order += [(t, i) for t in range(self.threads) for i in range(stages)]
+        slot = next((sl for sl in order if sl not in busy), None)
+        if slot is None:
+            raise LoweringError(f"{dst.name}: no free slot for a tile (every slot holds one "
+                                "a thread still reads); use more pipeline stages")
+        self.fill_count[(dst, slot[0])] = self.fill_count.get((dst, slot[0]), 0) + 1
+        return slot
 
     def dma(self, cls, mem, gbuf, name, origin, shape, sram, kind, pad, steps=None):
         """2-D DMAs between a tile (dense, row-major over `shape`) and the global buffer region
@@ -883,13 +925,15 @@ _FIELD_HINTS = {
 
 
 def generate(func, op, config: VTAConfig, row_pitch: bool = False,
-             keep_tiles: bool = False) -> Program:
+             keep_tiles: bool = False, share_tiles: bool = False) -> Program:
     """The VTA program of a scheduled PrimFunc, every instruction checked to encode (a field
     that does not fit is a build error naming the field and what to change, not a failure of
     the first run). `row_pitch`: input tiles hold only the rows the GEMMs read (the input
     mover's `row_pitch`, see `_Emitter.steps`). `keep_tiles`: a copy of the region its
-    buffer already holds is skipped (the movers' `keeps_tiles`, see `_Emitter.leaf_copy`)."""
-    prog = _Emitter(read_tir(func), op, config, row_pitch, keep_tiles).run()
+    buffer already holds is skipped (the movers' `keeps_tiles`, see `_Emitter.leaf_copy`).
+    `share_tiles`: virtual threads that need the same region of a buffer at once read one
+    copy of it (the movers' `shares_tiles`, see `_Emitter.leaf_copy`)."""
+    prog = _Emitter(read_tir(func), op, config, row_pitch, keep_tiles, share_tiles).run()
     for k, insn in enumerate(prog.insns):
         try:
             encode(insn, config)
