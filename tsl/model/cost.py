@@ -492,6 +492,12 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     busiest = max((("compute", V * (R + E) + N * g), (load_path, load), (acc.parent, V * S)),
                   key=lambda kv: kv[1])
     cycles = tiles / V * group + pre + S + serial
+    # Compute starts once the first thread's first tiles are in: one fill of each (a tile
+    # kept across steps counts whole, not its share of a step), of which the steady state
+    # above prices one step's average. While the load engine has time to spare (it is not
+    # the bound), that wait adds to the run.
+    first = sum(t.fill_cycles() for t in inner + outer if t.hidden > 0)
+    cycles += max(0.0, min(first - pre, tiles / V * (group - load)))
     # Engines that take nearly the same time stall each other now and then (each waits on
     # the other's tokens): a share of the shorter side, growing with the balance.
     work, feed = tiles / V * (V * (R + E) + N * g), tiles / V * load

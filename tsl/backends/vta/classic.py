@@ -8,16 +8,15 @@ The classic schedule's structure, and the knob that reproduces each part of it:
   ci_inner = tile_ci[1], reduce_rows = True;
 - oc_nthread / h_nthread = 2 virtual threads over co0 / h0: parallel_axes = "co" / "oh";
 - no software pipelining besides the virtual threads: stages = 1;
-- every virtual thread loads its own copy of every tile: classic VTA binds the thread loops to
-  "cthread" virtual threads, and TVM's InjectVirtualThread never shares a buffer between
-  cthreads (it expands every buffer allocated under them by the thread count and duplicates
-  each copy into it), so the baseline is built on the machine without `shares_tiles`.
-  (It keeps `keeps_tiles`, which the classic program does not have: that only helps it.)
+- the virtual threads are TVM "cthread"s, and TVM's InjectVirtualThread gives every cthread
+  its own copy of every buffer allocated under it (never shared) and issues each statement
+  for every thread before the next statement: `build` compiles the baseline that way
+  (codegen option `cthreads`), not with the sharing and per-thread ordering of tiles that
+  the project's own programs get. (It keeps the machine's `keeps_tiles`, which the classic
+  program does not have: that only helps the baseline.)
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from ...ops import conv2d, dense, requantize
 from ...model import record_fixed
@@ -80,8 +79,13 @@ def knobs(op, machine) -> dict | None:
 
 
 def schedule(op, machine, knob_values: dict) -> Schedule:
-    """The classic program: `knob_values` on `machine` whose movers do not share tiles
-    between virtual threads (see the module docstring)."""
-    cthreads = dataclasses.replace(machine, movers=tuple(
-        dataclasses.replace(mv, shares_tiles=False) for mv in machine.movers))
-    return record_fixed(op, cthreads, schedule_conv2d, knob_values)
+    return record_fixed(op, machine, schedule_conv2d, knob_values)
+
+
+def build(op, machine, knob_values: dict | None = None):
+    """The classic program of `op` (its published tiles unless `knob_values` are given), as
+    TVM's cthread injection lays it out (see the module docstring)."""
+    from . import backend
+
+    knob_values = knobs(op, machine) if knob_values is None else knob_values
+    return backend.build(schedule(op, machine, knob_values), cthreads=True)

@@ -12,7 +12,10 @@ The codegen reads the scheduled TIR (see `lowering.py`) in two passes:
    thread and per pipeline stage, so thread t's loads overlap thread t'-s compute and the
    loads of step i+1 overlap the compute of step i. Virtual threads are interleaved leaf by leaf
    (each leaf is emitted for every thread before the next one), as TVM's virtual-thread
-   injection does, except that a thread's accumulator reset waits until its first GEMM.
+   injection does, except that a thread's accumulator reset waits until its first GEMM and
+   the copies of one step are issued thread by thread (the first thread's tiles first). A
+   region that several threads need at once is loaded once, into one thread's slot, and read
+   by all of them (`share_tiles`).
    An input tile holds only the rows the GEMMs read (every stride-th row of a strided 1x1
    window, loaded at a multiple of the row pitch), and a LOAD of the region a buffer already
    holds is skipped (a weight tile staged under the output row loop is loaded once).
@@ -25,6 +28,7 @@ becomes a token, keeping only the ones not implied by program order within a mod
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -357,10 +361,11 @@ class _Insn:
 
 class _Emitter:
     def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool = False,
-                 keep_tiles: bool = False, share_tiles: bool = False):
+                 keep_tiles: bool = False, share_tiles: bool = False,
+                 thread_major: bool = True):
         self.k, self.op, self.c = kernel, op, config
         self.row_pitch, self.keep_tiles = row_pitch, keep_tiles
-        self.share_tiles = share_tiles
+        self.share_tiles, self.thread_major = share_tiles, thread_major
         # Where each thread's tile of a scratchpad buffer is, and what each slot holds: a
         # slot is (owning thread, pipeline slot); a shared tile sits in one thread's slot.
         self.where = {}  # scratchpad buffer -> {thread: the slot its reads find the tile in}
@@ -507,12 +512,27 @@ class _Emitter:
 
     def walk(self, node, envs):
         """Emit `node`'s children for every (thread, loop values) in `envs`; leaves are emitted
-        for all threads in turn, a virtual-thread loop multiplies the threads."""
-        for ch in node.children:
+        for all threads in turn, a virtual-thread loop multiplies the threads. A run of
+        copies (the operand tiles of one step) is emitted thread by thread instead: the first
+        thread's GEMMs need only its own tiles, which then load first (`thread_major`)."""
+        children = list(node.children)
+        i = 0
+        while i < len(children):
+            ch = children[i]
             leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
             if leaf is not None and leaf.kind == "copy":
-                self.leaf_copy(leaf, envs)
-            elif leaf is not None:
+                run = []
+                while i < len(children) and self._copy_leaf(children[i]) is not None:
+                    run.append(self.leaf_copy(self._copy_leaf(children[i]), envs))
+                    i += 1
+                order = ([(t, r) for t, _ in envs for r in run] if self.thread_major
+                         else [(t, r) for r in run for t, _ in envs])
+                for tid, loads in order:
+                    for load in loads.get(tid, ()):
+                        load()
+                continue
+            i += 1
+            if leaf is not None:
                 for tid, env in envs:
                     if leaf.kind == "reset" and self.threads > 1:
                         # Zeroing a thread's accumulator waits for the write-back of its last
@@ -533,9 +553,14 @@ class _Emitter:
                 for v in range(ch.extent):
                     self.walk(ch, [(t, {**env, ch: v}) for t, env in envs])
 
+    def _copy_leaf(self, ch):
+        leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
+        return leaf if leaf is not None and leaf.kind == "copy" else None
+
     # -- leaves ------------------------------------------------------------------------------
-    def leaf_copy(self, leaf, envs):
-        """The LOADs of a tile for every (thread, loop values) in `envs`. A thread whose slot
+    def leaf_copy(self, leaf, envs) -> dict:
+        """The LOADs of a tile for every (thread, loop values) in `envs`, as {thread: the
+        functions that emit the LOADs at its turn}; the slots are chosen now. A thread whose slot
         already holds the region loads nothing (`keep_tiles`: a tile staged under loops it
         does not depend on is loaded once per change). With `share_tiles`, threads that need
         the same region read one copy of it: one LOAD, into a slot of one of them, the
@@ -555,6 +580,7 @@ class _Emitter:
                 or self.holds.get((dst, where.get(tid))) != region[tid]]
         # Slots read by threads that keep their tile this round are not overwritten.
         busy = {slot for t, slot in where.items() if t not in need}
+        loads = {}
         for tid, env in envs:
             if tid not in need:
                 continue
@@ -569,8 +595,10 @@ class _Emitter:
                 where[t] = slot
             kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
             _, _, e, shape, _ = self.tile(dst)
-            self.dma(Load, MEM_OF[kind], src, name, list(r[1][:-e]), shape, base.const, kind,
-                     pad=bool(any(offs)), steps=self.steps(dst))
+            loads.setdefault(tid, []).append(functools.partial(
+                self.dma, Load, MEM_OF[kind], src, name, list(r[1][:-e]), shape, base.const,
+                kind, pad=bool(any(offs)), steps=self.steps(dst)))
+        return loads
 
     def _free_slot(self, dst, group, busy, stages):
         """The slot for the next LOAD of `dst` that the threads of `group` read: the owner's
@@ -925,15 +953,19 @@ _FIELD_HINTS = {
 
 
 def generate(func, op, config: VTAConfig, row_pitch: bool = False,
-             keep_tiles: bool = False, share_tiles: bool = False) -> Program:
+             keep_tiles: bool = False, share_tiles: bool = False,
+             thread_major: bool = True) -> Program:
     """The VTA program of a scheduled PrimFunc, every instruction checked to encode (a field
     that does not fit is a build error naming the field and what to change, not a failure of
     the first run). `row_pitch`: input tiles hold only the rows the GEMMs read (the input
     mover's `row_pitch`, see `_Emitter.steps`). `keep_tiles`: a copy of the region its
     buffer already holds is skipped (the movers' `keeps_tiles`, see `_Emitter.leaf_copy`).
     `share_tiles`: virtual threads that need the same region of a buffer at once read one
-    copy of it (the movers' `shares_tiles`, see `_Emitter.leaf_copy`)."""
-    prog = _Emitter(read_tir(func), op, config, row_pitch, keep_tiles, share_tiles).run()
+    copy of it (the movers' `shares_tiles`, see `_Emitter.leaf_copy`). `thread_major`: the
+    copies of a step are issued thread by thread (see `_Emitter.walk`), else each copy for
+    every thread in turn, as TVM's virtual-thread injection does."""
+    prog = _Emitter(read_tir(func), op, config, row_pitch, keep_tiles, share_tiles,
+                    thread_major).run()
     for k, insn in enumerate(prog.insns):
         try:
             encode(insn, config)
