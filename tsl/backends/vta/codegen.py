@@ -563,9 +563,9 @@ class _Emitter:
         functions that emit the LOADs at its turn}; the slots are chosen now. A thread whose slot
         already holds the region loads nothing (`keep_tiles`: a tile staged under loops it
         does not depend on is loaded once per change). With `share_tiles`, threads that need
-        the same region read one copy of it: one LOAD, into a slot of one of them, the
-        threads taking turns as its owner so that consecutive shared tiles alternate between
-        their slots (the threads' slots double-buffer it as they do their own tiles). The
+        the same region read one copy of it: one LOAD, into a slot of one of them (see
+        `_free_slot`: with one slot per thread, the threads take turns as its owner, so that
+        their slots double-buffer it as they do their own tiles). The
         tokens follow from what each instruction reads and writes (`add_tokens`): the next
         LOAD into a slot waits for every thread's last GEMM on it."""
         dst, didx = leaf.access["dst"]
@@ -602,10 +602,13 @@ class _Emitter:
 
     def _free_slot(self, dst, group, busy, stages):
         """The slot for the next LOAD of `dst` that the threads of `group` read: the owner's
-        next pipeline slot (a group of several threads takes its owners in turn), else the
-        first slot of any thread that no thread still reads."""
-        n = self.shared_fills.get(dst, 0) if len(group) > 1 else 0
-        if len(group) > 1:
+        next pipeline slot, else the first slot of any thread that no thread still reads.
+        A group of several threads takes its owners in turn where a thread has one slot
+        (so that the next shared tile loads while this one is read); with more, the first
+        thread's slots rotate as for its own tiles (fewer distinct slot addresses: fewer
+        distinct micro-op kernels for the GEMMs that read them)."""
+        n = self.shared_fills.get(dst, 0) if len(group) > 1 and stages == 1 else 0
+        if len(group) > 1 and stages == 1:
             self.shared_fills[dst] = n + 1
         owner = group[n % len(group)]
         count = self.fill_count.get((dst, owner), 0)
