@@ -520,7 +520,7 @@ class _Emitter:
         while i < len(children):
             ch = children[i]
             leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
-            if leaf is not None and leaf.kind == "copy":
+            if self._copy_leaf(ch) is not None:
                 run = []
                 while i < len(children) and self._copy_leaf(children[i]) is not None:
                     run.append(self.leaf_copy(self._copy_leaf(children[i]), envs))
@@ -560,14 +560,12 @@ class _Emitter:
     # -- leaves ------------------------------------------------------------------------------
     def leaf_copy(self, leaf, envs) -> dict:
         """The LOADs of a tile for every (thread, loop values) in `envs`, as {thread: the
-        functions that emit the LOADs at its turn}; the slots are chosen now. A thread whose slot
-        already holds the region loads nothing (`keep_tiles`: a tile staged under loops it
-        does not depend on is loaded once per change). With `share_tiles`, threads that need
-        the same region read one copy of it: one LOAD, into a slot of one of them (see
-        `_free_slot`: with one slot per thread, the threads take turns as its owner, so that
-        their slots double-buffer it as they do their own tiles). The
-        tokens follow from what each instruction reads and writes (`add_tokens`): the next
-        LOAD into a slot waits for every thread's last GEMM on it."""
+        functions that emit the LOADs at its turn}; the slots are chosen now. A thread whose
+        slot already holds the region loads nothing (`keep_tiles`: a tile staged under loops
+        it does not depend on is loaded once per change). With `share_tiles`, threads that
+        need the same region read one copy of it: one LOAD, into a slot of one of them (see
+        `_free_slot`). The tokens follow from what each instruction reads and writes
+        (`add_tokens`): the next LOAD into a slot waits for every thread's last GEMM on it."""
         dst, didx = leaf.access["dst"]
         src, sidx = leaf.access["src"]
         name, offs = src.name, [0] * len(sidx)
