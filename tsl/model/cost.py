@@ -9,7 +9,8 @@ The model, for a schedule `s`:
 - **Traffic.** Every staged tile is a `Transfer`: filled once per iteration of its loop and of
   every loop outside it (a tile staged under a loop it does not depend on is reloaded on each
   of that loop's iterations: that is what the program does; a mover that `keeps_tiles` skips
-  a copy of the region its buffer holds, so there it is once per change of the tile), times
+  a copy of the region its buffer holds, so there it is once per change of the tile, and
+  one that `shares_tiles` loads a region the virtual threads all need once for all), times
   the tile's bytes (a mover with `row_pitch` copies only the rows a strided window reads). An
   accumulator tile is written back, in the output's dtype, once per fill. A hardware cache
   (managed = false) is modelled the same way: the traffic its tile sizes imply.
@@ -123,21 +124,41 @@ def _fills(s: Schedule, at: Loop) -> int:
 DEPENDS = {"A": ("m", "k", "b"), "B": ("n", "k", "b"), "C": ("m", "n", "b")}
 
 
-def kept_fills(s: Schedule, st: Stage) -> int:
+def kept_fills(s: Schedule, st: Stage, shares: bool = False) -> int:
     """Fills of a tile whose mover skips a copy of the region the buffer already holds
     (`keeps_tiles`): one per change of the tile, i.e. per iteration of the loops out to the
     innermost one (of more than one iteration) the tile depends on; each virtual thread
-    inside that loop keeps its own copy."""
+    inside that loop keeps its own copy. With `shares` (the mover's `shares_tiles`), threads
+    that need the same region at once load it once: the threads inside that loop share one
+    copy, and so do those of a thread loop outside it whose consecutive iterations (the
+    threads of one round) leave the tile unchanged."""
     loops = s.loops[:s.loops.index(st.at) + 1]
     roles = DEPENDS[st.operand]
-    dep = [i for i, lp in enumerate(loops)
-           if any(p.extent > 1 and s.role_of(p.axes[0]) in roles for p in lp.parts or (lp,))]
+
+    def depends(lp):
+        return any(p.extent > 1 and s.role_of(p.axes[0]) in roles for p in lp.parts or (lp,))
+
+    dep = [i for i, lp in enumerate(loops) if depends(lp)]
     j = dep[-1] if dep else -1
     fills = math.prod(lp.extent for lp in loops[:j + 1])
-    for lp in loops[j + 1:]:
-        if lp.parallel and s.machine.compute_level(lp.parallel).virtual:
+    for i, lp in enumerate(loops):
+        if not (lp.parallel and s.machine.compute_level(lp.parallel).virtual):
+            continue
+        if i > j and not shares:
             fills *= thread_count(s, lp)
+        elif i <= j and shares and _shared_round(s, lp, roles):
+            fills //= thread_count(s, lp)
     return fills
+
+
+def _shared_round(s: Schedule, lp: Loop, roles) -> bool:
+    """Whether `lp` runs as virtual threads whose rounds (consecutive iterations) read the
+    same tile of an operand that depends on `roles`: the innermost part of the loop with
+    more than one iteration is not one it depends on."""
+    if not (lp.parallel and s.machine.compute_level(lp.parallel).virtual):
+        return False
+    parts = [p for p in (lp.parts or (lp,)) if p.extent > 1]
+    return bool(parts) and s.role_of(parts[-1].axes[0]) not in roles
 
 
 def _ext_from(s: Schedule, pos: int) -> dict[str, int]:
@@ -260,7 +281,10 @@ def transfers(s: Schedule) -> list[Transfer]:
         if not lv.managed:
             fills, nbytes = cache_reuse(s, st)
         elif mv and mv.keeps_tiles:
-            fills = kept_fills(s, st)
+            fills = kept_fills(s, st, mv.shares_tiles)
+        elif mv and mv.shares_tiles:
+            fills //= math.prod(thread_count(s, lp) for lp in s.loops[:s.loops.index(st.at) + 1]
+                                if _shared_round(s, lp, DEPENDS[st.operand]))
         out.append(Transfer(f"{st.operand} tile at {st.at.name}", lv.name, parent.name, fills,
                             nbytes, tile_rows(s, st, bool(mv and mv.row_pitch)),
                             mv.latency if mv else 0.0,
@@ -483,6 +507,12 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     busiest = max((("compute", V * (R + E) + N * g), (load_path, load), (acc.parent, V * S)),
                   key=lambda kv: kv[1])
     cycles = tiles / V * group + pre + S + serial
+    # Compute starts once the first thread's first tiles are in: one fill of each (a tile
+    # kept across steps counts whole, not its share of a step), of which the steady state
+    # above prices one step's average. While the load engine has time to spare (it is not
+    # the bound), that wait adds to the run.
+    first = sum(t.fill_cycles() for t in inner + outer if t.hidden > 0)
+    cycles += max(0.0, min(first - pre, tiles / V * (group - load)))
     # Engines that take nearly the same time stall each other now and then (each waits on
     # the other's tokens): a share of the shorter side, growing with the balance.
     work, feed = tiles / V * (V * (R + E) + N * g), tiles / V * load

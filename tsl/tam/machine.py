@@ -126,6 +126,10 @@ class Mover:
     # staged under loops it does not depend on is loaded once per change, not once per
     # iteration (the VTA codegen compares each LOAD with the buffer's last one).
     keeps_tiles: bool = False
+    # True: virtual threads that need the same region at once (a weight tile of threads that
+    # split the output rows) read one copy of it, loaded once into one thread's part of the
+    # buffer, instead of one copy per thread (the VTA codegen compares the threads' LOADs).
+    shares_tiles: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,10 @@ class VTABackend(Backend):
     default_machine = "vta-1x16x16"
     bench_trials = 24
 
-    def build(self, schedule, **options) -> VTAArtifact:
+    def build(self, schedule, cthreads: bool = False, **options) -> VTAArtifact:
+        """The VTA program of `schedule`. `cthreads`: lay out virtual threads as TVM's cthread
+        injection does (a copy of every tile per thread, each leaf for every thread in turn),
+        for the classic baseline (`classic.build`)."""
         op, machine = schedule.op, schedule.machine
         if op.dtype != "int8":
             raise LoweringError(f"{op}: VTA computes int8 x int8 -> int32 only; build the "
@@ -29,7 +32,10 @@ class VTABackend(Backend):
         a, b = mover.get(p.a_level), mover.get(p.b_level)
         program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg,
                                    row_pitch=bool(a and a.row_pitch),
-                                   keep_tiles=bool(a and b and a.keeps_tiles and b.keeps_tiles))
+                                   keep_tiles=bool(a and b and a.keeps_tiles and b.keeps_tiles),
+                                   share_tiles=bool(a and b and a.shares_tiles
+                                                    and b.shares_tiles) and not cthreads,
+                                   thread_major=not cthreads)
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
 
     def measure(self, art: VTAArtifact):

@@ -7,7 +7,13 @@ The classic schedule's structure, and the knob that reproduces each part of it:
 - data and kernel loaded at the outer reduction tile ci0, for all h1 rows at once:
   ci_inner = tile_ci[1], reduce_rows = True;
 - oc_nthread / h_nthread = 2 virtual threads over co0 / h0: parallel_axes = "co" / "oh";
-- no software pipelining besides the virtual threads: stages = 1.
+- no software pipelining besides the virtual threads: stages = 1;
+- the virtual threads are TVM "cthread"s, and TVM's InjectVirtualThread gives every cthread
+  its own copy of every buffer allocated under it (never shared) and issues each statement
+  for every thread before the next statement: `build` compiles the baseline that way
+  (codegen option `cthreads`), not with the sharing and per-thread ordering of tiles that
+  the project's own programs get. (It keeps the machine's `keeps_tiles`, which the classic
+  program does not have: that only helps the baseline.)
 """
 
 from __future__ import annotations
@@ -74,3 +80,12 @@ def knobs(op, machine) -> dict | None:
 
 def schedule(op, machine, knob_values: dict) -> Schedule:
     return record_fixed(op, machine, schedule_conv2d, knob_values)
+
+
+def build(op, machine, knob_values: dict | None = None):
+    """The classic program of `op` (its published tiles unless `knob_values` are given), as
+    TVM's cthread injection lays it out (see the module docstring)."""
+    from . import backend
+
+    knob_values = knobs(op, machine) if knob_values is None else knob_values
+    return backend.build(schedule(op, machine, knob_values), cthreads=True)

@@ -12,7 +12,10 @@ The codegen reads the scheduled TIR (see `lowering.py`) in two passes:
    thread and per pipeline stage, so thread t's loads overlap thread t'-s compute and the
    loads of step i+1 overlap the compute of step i. Virtual threads are interleaved leaf by leaf
    (each leaf is emitted for every thread before the next one), as TVM's virtual-thread
-   injection does, except that a thread's accumulator reset waits until its first GEMM.
+   injection does, except that a thread's accumulator reset waits until its first GEMM and
+   the copies of one step are issued thread by thread (the first thread's tiles first). A
+   region that several threads need at once is loaded once, into one thread's slot, and read
+   by all of them (`share_tiles`).
    An input tile holds only the rows the GEMMs read (every stride-th row of a strided 1x1
    window, loaded at a multiple of the row pitch), and a LOAD of the region a buffer already
    holds is skipped (a weight tile staged under the output row loop is loaded once).
@@ -25,6 +28,7 @@ becomes a token, keeping only the ones not implied by program order within a mod
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -357,10 +361,16 @@ class _Insn:
 
 class _Emitter:
     def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool = False,
-                 keep_tiles: bool = False):
+                 keep_tiles: bool = False, share_tiles: bool = False,
+                 thread_major: bool = True):
         self.k, self.op, self.c = kernel, op, config
         self.row_pitch, self.keep_tiles = row_pitch, keep_tiles
-        self.last_fill = {}  # (scratchpad buffer, thread) -> (source, origin) of its last LOAD
+        self.share_tiles, self.thread_major = share_tiles, thread_major
+        # Where each thread's tile of a scratchpad buffer is, and what each slot holds: a
+        # slot is (owning thread, pipeline slot); a shared tile sits in one thread's slot.
+        self.where = {}  # scratchpad buffer -> {thread: the slot its reads find the tile in}
+        self.holds = {}  # (scratchpad buffer, slot) -> (source, origin) of its last LOAD
+        self.shared_fills = {}  # scratchpad buffer -> shared LOADs so far (picks the owner)
         self.pending_reset = {}  # thread -> (reset leaf, loop values) not issued yet
         self.readers = {}  # inp scratchpad buffer -> the GEMM leaves that read it
         self._steps = {}  # scratchpad buffer -> row step per tile dim (see `steps`)
@@ -369,7 +379,7 @@ class _Emitter:
         self.uop_seg = 0
         self.uop_cache: dict = {}
         self.uop_top = 0
-        self.slot_count: dict = {}
+        self.fill_count: dict = {}  # (scratchpad buffer, thread) -> LOADs into its slots
         self.threads = 1
         self.dram = {}
         top = DRAM_ALIGN
@@ -476,10 +486,10 @@ class _Emitter:
         """Affine form, over the leaf's own loops, of the scratchpad entry `idx` addresses."""
         leaf, role, e, shape, strides = self.tile(buf)
         kind = buf.scope().split(".")[-1]
-        slot = self.slot_count.get((buf, tid), 1) - 1 if leaf.kind == "copy" else 0
+        owner, slot = (self.where.get(buf, {}).get(tid, (tid, 0)) if leaf.kind == "copy"
+                       else (tid, 0))
         origin = [a.at(env, leaf.chain) for a in leaf.access[role][1][:-e]]
-        form = Aff(self.slot_base(buf, tid, slot % max(leaf.stages, 1) if leaf.kind == "copy"
-                                  else 0))
+        form = Aff(self.slot_base(buf, owner, slot))
         for d, (a, g) in enumerate(zip(idx[:-e], self.steps(buf))):
             loc = Aff(a.at(env) - origin[d], a.loops(env))
             if loc.const % g or any(v % g for v in loc.terms.values()):
@@ -502,9 +512,26 @@ class _Emitter:
 
     def walk(self, node, envs):
         """Emit `node`'s children for every (thread, loop values) in `envs`; leaves are emitted
-        for all threads in turn, a virtual-thread loop multiplies the threads."""
-        for ch in node.children:
+        for all threads in turn, a virtual-thread loop multiplies the threads. A run of
+        copies (the operand tiles of one step) is emitted thread by thread instead: the first
+        thread's GEMMs need only its own tiles, which then load first (`thread_major`)."""
+        children = list(node.children)
+        i = 0
+        while i < len(children):
+            ch = children[i]
             leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
+            if self._copy_leaf(ch) is not None:
+                run = []
+                while i < len(children) and self._copy_leaf(children[i]) is not None:
+                    run.append(self.leaf_copy(self._copy_leaf(children[i]), envs))
+                    i += 1
+                order = ([(t, r) for t, _ in envs for r in run] if self.thread_major
+                         else [(t, r) for r in run for t, _ in envs])
+                for tid, loads in order:
+                    for load in loads.get(tid, ()):
+                        load()
+                continue
+            i += 1
             if leaf is not None:
                 for tid, env in envs:
                     if leaf.kind == "reset" and self.threads > 1:
@@ -526,27 +553,71 @@ class _Emitter:
                 for v in range(ch.extent):
                     self.walk(ch, [(t, {**env, ch: v}) for t, env in envs])
 
+    def _copy_leaf(self, ch):
+        leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
+        return leaf if leaf is not None and leaf.kind == "copy" else None
+
     # -- leaves ------------------------------------------------------------------------------
-    def leaf_copy(self, leaf, env, tid):
+    def leaf_copy(self, leaf, envs) -> dict:
+        """The LOADs of a tile for every (thread, loop values) in `envs`, as {thread: the
+        functions that emit the LOADs at its turn}; the slots are chosen now. A thread whose
+        slot already holds the region loads nothing (`keep_tiles`: a tile staged under loops
+        it does not depend on is loaded once per change). With `share_tiles`, threads that
+        need the same region read one copy of it: one LOAD, into a slot of one of them (see
+        `_free_slot`). The tokens follow from what each instruction reads and writes
+        (`add_tokens`): the next LOAD into a slot waits for every thread's last GEMM on it."""
         dst, didx = leaf.access["dst"]
         src, sidx = leaf.access["src"]
-        key = (dst, tid)
         name, offs = src.name, [0] * len(sidx)
         if src in self.k.pads:
             src, name, offs = self.k.pads[src]
-        origin = [a.at(env, leaf.chain) + o for a, o in zip(sidx, offs)]
-        if self.keep_tiles:
-            # The thread's last fill of this buffer holds this very region: its slot is read
-            # again (no LOAD, and the slots do not rotate), so a tile staged under loops it
-            # does not depend on is loaded once per change.
-            if self.last_fill.get(key) == (name, origin):
-                return
-            self.last_fill[key] = (name, origin)
-        self.slot_count[key] = self.slot_count.get(key, 0) + 1
-        kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
-        _, _, e, shape, _ = self.tile(dst)
-        self.dma(Load, MEM_OF[kind], src, name, origin[:-e], shape, base.const, kind,
-                 pad=bool(any(offs)), steps=self.steps(dst))
+        region = {tid: (name, tuple(a.at(env, leaf.chain) + o for a, o in zip(sidx, offs)))
+                  for tid, env in envs}
+        where = self.where.setdefault(dst, {})
+        need = [tid for tid, _ in envs if not self.keep_tiles
+                or self.holds.get((dst, where.get(tid))) != region[tid]]
+        # Slots read by threads that keep their tile this round are not overwritten.
+        busy = {slot for t, slot in where.items() if t not in need}
+        loads = {}
+        for tid, env in envs:
+            if tid not in need:
+                continue
+            r = region[tid]
+            group = [t for t in need if region[t] == r] if self.share_tiles else [tid]
+            if group[0] != tid:  # loaded at the turn of the group's first thread
+                continue
+            slot = self._free_slot(dst, group, busy, max(leaf.stages, 1))
+            busy.add(slot)
+            self.holds[(dst, slot)] = r
+            for t in group:
+                where[t] = slot
+            kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
+            _, _, e, shape, _ = self.tile(dst)
+            loads.setdefault(tid, []).append(functools.partial(
+                self.dma, Load, MEM_OF[kind], src, name, list(r[1][:-e]), shape, base.const,
+                kind, pad=bool(any(offs)), steps=self.steps(dst)))
+        return loads
+
+    def _free_slot(self, dst, group, busy, stages):
+        """The slot for the next LOAD of `dst` that the threads of `group` read: the owner's
+        next pipeline slot, else the first slot of any thread that no thread still reads.
+        A group of several threads takes its owners in turn where a thread has one slot
+        (so that the next shared tile loads while this one is read); with more, the first
+        thread's slots rotate as for its own tiles (fewer distinct slot addresses: fewer
+        distinct micro-op kernels for the GEMMs that read them)."""
+        n = self.shared_fills.get(dst, 0) if len(group) > 1 and stages == 1 else 0
+        if len(group) > 1 and stages == 1:
+            self.shared_fills[dst] = n + 1
+        owner = group[n % len(group)]
+        count = self.fill_count.get((dst, owner), 0)
+        order = [(owner, (count + i) % stages) for i in range(stages)]
+        order += [(t, i) for t in range(self.threads) for i in range(stages)]
+        slot = next((sl for sl in order if sl not in busy), None)
+        if slot is None:
+            raise LoweringError(f"{dst.name}: no free slot for a tile (every slot holds one "
+                                "a thread still reads); use more pipeline stages")
+        self.fill_count[(dst, slot[0])] = self.fill_count.get((dst, slot[0]), 0) + 1
+        return slot
 
     def dma(self, cls, mem, gbuf, name, origin, shape, sram, kind, pad, steps=None):
         """2-D DMAs between a tile (dense, row-major over `shape`) and the global buffer region
@@ -883,13 +954,19 @@ _FIELD_HINTS = {
 
 
 def generate(func, op, config: VTAConfig, row_pitch: bool = False,
-             keep_tiles: bool = False) -> Program:
+             keep_tiles: bool = False, share_tiles: bool = False,
+             thread_major: bool = True) -> Program:
     """The VTA program of a scheduled PrimFunc, every instruction checked to encode (a field
     that does not fit is a build error naming the field and what to change, not a failure of
     the first run). `row_pitch`: input tiles hold only the rows the GEMMs read (the input
     mover's `row_pitch`, see `_Emitter.steps`). `keep_tiles`: a copy of the region its
-    buffer already holds is skipped (the movers' `keeps_tiles`, see `_Emitter.leaf_copy`)."""
-    prog = _Emitter(read_tir(func), op, config, row_pitch, keep_tiles).run()
+    buffer already holds is skipped (the movers' `keeps_tiles`, see `_Emitter.leaf_copy`).
+    `share_tiles`: virtual threads that need the same region of a buffer at once read one
+    copy of it (the movers' `shares_tiles`, see `_Emitter.leaf_copy`). `thread_major`: the
+    copies of a step are issued thread by thread (see `_Emitter.walk`), else each copy for
+    every thread in turn, as TVM's virtual-thread injection does."""
+    prog = _Emitter(read_tir(func), op, config, row_pitch, keep_tiles, share_tiles,
+                    thread_major).run()
     for k, insn in enumerate(prog.insns):
         try:
             encode(insn, config)
