@@ -322,9 +322,8 @@ def step_blocks(s: Schedule, acc: Stage) -> tuple[float, float]:
     reduce_rows) take their turns, each running the whole reduction on its own blocks."""
     p = s.primitive
     prim = next((i for i, lp in enumerate(s.loops) if lp.tensorized is not None), len(s.loops))
-    ks = [i for i, lp in enumerate(s.loops[:prim])
-          if any(s.role_of(q.axes[0]) == "k" for q in lp.parts or (lp,))]
-    start = max(ks[-1] if ks else -1, s.loops.index(acc.at)) + 1
+    last_k = max((i for i, lp in enumerate(s.loops[:prim]) if s.reduces(lp)), default=-1)
+    start = max(last_k, s.loops.index(acc.at)) + 1
     ext = _ext_from(s, start)
     rows = math.prod(e for a, e in ext.items() if s.role_of(a) == "m") / p.m
     cols = math.prod(e for a, e in ext.items() if s.role_of(a) == "n") / p.n

@@ -6,6 +6,7 @@ from ...errors import LoweringError
 from ...lower import LowerContext, Lowering
 from ...primitives.layout import Blocked
 from ...primitives.schedule import Loop
+from ...tam.machine import dtype_bytes
 from . import intrinsics
 
 
@@ -105,8 +106,6 @@ class CPULowering(Lowering):
     def _channel_block(self, channels: int, dtype: str) -> int:
         """Channels per block of the packed activations: those of one line of the level the
         primitive reads A from (its `alignment`), halved until they divide `channels`."""
-        from ...tam.machine import dtype_bytes
-
         line = self.machine.memory_level(self.primitive.a_level).alignment
         cb = max(1, int(line // dtype_bytes(dtype)))
         while cb > 1 and channels % cb:
