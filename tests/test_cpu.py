@@ -132,6 +132,15 @@ def test_knobs_change_the_nest(machine):
     assert f'B: T.Buffer(({128 // n}, 128, {n}), "float32")' in a.tir()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reduction_block_runs_as_one_loop(machine, dtype):
+    """k_inner only sizes the tiles the caches keep: its loop and the loop over the blocks run
+    as one (a short inner loop LLVM unrolls whole, spilling the register tile), exact where
+    the block does not divide K."""
+    art = check(ops.matmul(40, 48, 100, dtype=dtype), machine, k_inner=4)
+    assert re.search(r"for k_0_k_1_fused in range\(\d+\)", art.tir())
+
+
 def test_input_errors():
     op = ops.matmul(8, 8, 8)
     art = tsl.build(op, "cpu")

@@ -46,7 +46,11 @@ def _round_choices(extent: int, unit: int, choices: tuple):
 
 def _stage_choices(s: Schedule):
     """Pipeline depths: double buffering first, deeper up to the machine's
-    `params.pipeline_stages` (asynchronous copies with several groups in flight), or none."""
+    `params.pipeline_stages` (asynchronous copies with several groups in flight), or none;
+    only none where the levels tiles are staged in are hardware caches (a CPU's): nothing is
+    copied there for a pipeline to overlap, the caches' prefetchers do it."""
+    if not any(lv.managed for role in ("scratchpad", "operand") for lv in s.machine.levels(role)):
+        return (1,)
     deepest = int(s.machine.params.get("pipeline_stages", 2))
     return (2, *range(3, deepest + 1), 1)
 

@@ -45,6 +45,22 @@ def _rows_before_columns(ctx: LowerContext, prim_loops) -> None:
         ctx.sch.reorder_block_iter_var(ctx.block, order)
 
 
+def _merge_reduction_blocks(ctx: LowerContext, loops) -> None:
+    """Run as one loop each pair of loops that split one reduction axis and sit directly
+    one in the other. On a CPU the inner one only sizes the tiles the caches keep (nothing
+    is staged between them), so the access order is the same either way; left as a short
+    loop of constant trip count, LLVM unrolls it whole around the unrolled register tile,
+    and its scheduler then hoists the operand loads of every step and spills accumulators
+    (int8 1024³, 8x1 tile: k_inner = 8 ran 34 ms, k_inner = 1 and 2 ran 27.6 ms)."""
+    s, sch = ctx.tsl, ctx.sch
+    for outer, inner in zip(loops, loops[1:]):
+        if (outer.axes == inner.axes and s.reduces(outer) and s.reduces(inner)
+                and outer.extent > 1 and inner.extent > 1
+                and sch.get(ctx.rv(outer)).body.same_as(sch.get(ctx.rv(inner)))):
+            fused = sch.fuse(ctx.rv(outer), ctx.rv(inner))
+            ctx.loops[id(outer)] = ctx.loops[id(inner)] = fused
+
+
 class CPULowering(Lowering):
     def __init__(self, machine, primitive):
         super().__init__(machine)
@@ -164,6 +180,7 @@ class CPULowering(Lowering):
         t = order.index(loop)
         k_outer = next(lp for lp in order if s.role_of(lp.axes[0]) == "k")
         last_k = max(i for i, lp in enumerate(order[:t]) if s.role_of(lp.axes[0]) == "k")
+        _merge_reduction_blocks(ctx, order[:last_k + 1])
         for lp in order[last_k + 1:t]:
             sch.unroll(ctx.rv(lp))
         inner = [lp for lp in order[t:] if not (lp.extent == 1 and lp is not order[-1])]
