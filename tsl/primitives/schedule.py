@@ -104,6 +104,8 @@ class Schedule:
         self._padded = dict(self._extent)
         self._role = {a.name: a.role for a in op.axes}
         self._counter: dict[str, int] = {}
+        self._nest: tuple = ()  # the loop nest the footprints in _elements were taken on
+        self._elements: dict[tuple, int] = {}
         self.primitive = self._choose_primitive()
 
     # -- queries ----------------------------------------------------------------------------
@@ -492,8 +494,19 @@ class Schedule:
         return self.loops[:self.loops.index(at) + 1]
 
     def _check_capacity(self, where: str) -> None:
-        self.stages = [replace(st, elements=self.op_footprint(st.operand, st.at, st.level))
-                       for st in self.stages]
+        # Each step re-checks every staged tile; on an unchanged nest (a run of cache steps)
+        # the footprints are the last check's (a search records thousands of schedules).
+        nest = tuple((lp.name, lp.extent, lp.parallel) for lp in self.loops)
+        if nest != self._nest:
+            self._nest, self._elements = nest, {}
+        stages = []
+        for st in self.stages:
+            key = (st.operand, st.at.name, st.level.name)
+            if key not in self._elements:
+                self._elements[key] = self.op_footprint(st.operand, st.at, st.level)
+            e = self._elements[key]
+            stages.append(st if st.elements == e else replace(st, elements=e))
+        self.stages = stages
         use: dict[str, int] = {}
         for st in self.stages:
             use[st.level.name] = use.get(st.level.name, 0) + st.bytes * st.at.stages
