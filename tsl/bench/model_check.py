@@ -121,8 +121,8 @@ def check_op(op, target, n: int = 30, seed: int = 0, rounds: int = 3) -> dict:
     times, kind = measure_all(backend, [a for _, _, a in drawn], rounds, seed)
     real = [float(np.median(t)) for t in times]
     best = min(range(len(real)), key=real.__getitem__)
-    row = {"op": op.name, "shape": op.shape_str, "target": target, "n": len(drawn),
-           "kind": kind, "spearman": spearman(model, real),
+    row = {"op": op.name, "shape": op.shape_str, "dtype": op.dtype, "target": target,
+           "n": len(drawn), "kind": kind, "spearman": spearman(model, real),
            # drawn[0] is the model's own choice (the default knobs).
            "default_vs_best": real[0] / real[best], "best_knobs": drawn[best][0],
            "model_seconds": model, "seconds": times}
@@ -171,7 +171,8 @@ def run(targets, ops_filter, quick: bool, n: int, progress, rounds: int = 3,
                              f"search ...")
                     row.update(versus_tuned(op, target, trials, rounds))
             except TSLError as e:
-                row = {"op": op.name, "shape": op.shape_str, "target": target,
+                row = {"op": op.name, "shape": op.shape_str, "dtype": op.dtype,
+                       "target": target,
                        "skipped": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
             if row.get("kind") == "model":
                 rows.append({"target": target, "skipped": "its measure is the model itself"})
@@ -181,20 +182,20 @@ def run(targets, ops_filter, quick: bool, n: int, progress, rounds: int = 3,
 
 
 def print_rows(rows: list[dict]) -> None:
-    print(f"{'op':<10} {'shape':<28} {'target':<14} {'n':>3} {'kind':<9} {'spearman':>8} "
-          f"{'default/best':>12} {'noise':>6} {'retest':>6} {'resolved':>8}"
+    print(f"{'op':<10} {'shape':<28} {'dtype':<8} {'target':<14} {'n':>3} {'kind':<9} "
+          f"{'spearman':>8} {'default/best':>12} {'noise':>6} {'retest':>6} {'resolved':>8}"
           + (f" {'def/tuned':>10}" if any("default_vs_tuned" in r for r in rows) else ""))
     for r in rows:
         if "skipped" in r:
-            print(f"{r.get('op', '-'):<10} {r.get('shape', '-'):<28} {r['target']:<14} "
-                  f"skipped: {r['skipped']}")
+            print(f"{r.get('op', '-'):<10} {r.get('shape', '-'):<28} {r.get('dtype', '-'):<8} "
+                  f"{r['target']:<14} skipped: {r['skipped']}")
             continue
         noise = (f" {100 * r['noise']:>5.1f}% {r['retest']:>6.2f} {100 * r['resolved']:>7.0f}%"
                  if "noise" in r else f" {'-':>6} {'-':>6} {'-':>8}")
         if "default_vs_tuned" in r:
             noise += f" {r['default_vs_tuned']:>9.2f}x"
-        print(f"{r['op']:<10} {r['shape']:<28} {r['target']:<14} {r['n']:>3} {r['kind']:<9} "
-              f"{r['spearman']:>8.2f} {r['default_vs_best']:>11.2f}x{noise}")
+        print(f"{r['op']:<10} {r['shape']:<28} {r['dtype']:<8} {r['target']:<14} {r['n']:>3} "
+              f"{r['kind']:<9} {r['spearman']:>8.2f} {r['default_vs_best']:>11.2f}x{noise}")
     vals = [r["spearman"] for r in rows if "spearman" in r and not math.isnan(r["spearman"])]
     if vals:
         print(f"spearman: min {min(vals):.2f}, median {float(np.median(vals)):.2f} over "

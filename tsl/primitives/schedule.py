@@ -352,7 +352,7 @@ class Schedule:
                                 f"staged outside every reduction loop; {at.name} is inside "
                                 f"one. Stage it at a spatial loop outside k")
         dtype = self._operand_dtype(operand)
-        st = Stage(operand, lv, at, self.op_footprint(operand, at, lv), dtype)
+        st = Stage(operand, lv, at, self._tile_elements(operand, at, lv), dtype)
         self.stages.append(st)
         self._check_capacity(f"cache({operand!r}, {role!r}, at={at.name})")
         self.steps.append(Step("cache", (operand, role, at), (lv.name,)))
@@ -493,18 +493,21 @@ class Schedule:
     def _outer(self, at: Loop) -> list[Loop]:
         return self.loops[:self.loops.index(at) + 1]
 
-    def _check_capacity(self, where: str) -> None:
-        # Each step re-checks every staged tile; on an unchanged nest (a run of cache steps)
-        # the footprints are the last check's (a search records thousands of schedules).
+    def _tile_elements(self, operand: str, at: Loop, level: MemoryLevel) -> int:
+        """`op_footprint`, kept while the loop nest stays as it is: every step re-checks
+        every staged tile, and a search records thousands of schedules."""
         nest = tuple((lp.name, lp.extent, lp.parallel) for lp in self.loops)
         if nest != self._nest:
             self._nest, self._elements = nest, {}
+        key = (operand, at.name, level.name)
+        if key not in self._elements:
+            self._elements[key] = self.op_footprint(operand, at, level)
+        return self._elements[key]
+
+    def _check_capacity(self, where: str) -> None:
         stages = []
         for st in self.stages:
-            key = (st.operand, st.at.name, st.level.name)
-            if key not in self._elements:
-                self._elements[key] = self.op_footprint(st.operand, st.at, st.level)
-            e = self._elements[key]
+            e = self._tile_elements(st.operand, st.at, st.level)
             stages.append(st if st.elements == e else replace(st, elements=e))
         self.stages = stages
         use: dict[str, int] = {}
