@@ -128,10 +128,13 @@ class Plan:
     def block_indices(self, blk: Block) -> np.ndarray:
         """The block index of `blk` at every grid step, in the order Pallas runs them
         (lexicographic): an array (steps, rank)."""
-        idx = _grid_points([a.extent for a in self.grid])
-        got = blk.index(*[idx[i] for i in range(len(self.grid))])
-        cols = [np.broadcast_to(np.asarray(g, dtype=np.int64), (idx.shape[1],)) for g in got]
-        self._indices[blk.name] = np.stack(cols, axis=1)
+        if blk.name not in self._indices:
+            if ("grid",) not in self._indices:
+                self._indices[("grid",)] = _grid_points([a.extent for a in self.grid])
+            idx = self._indices[("grid",)]
+            got = blk.index(*[idx[i] for i in range(len(self.grid))])
+            cols = [np.broadcast_to(np.asarray(g, dtype=np.int64), (idx.shape[1],)) for g in got]
+            self._indices[blk.name] = np.stack(cols, axis=1)
         return self._indices[blk.name]
 
     def fetches(self, blk: Block) -> np.ndarray:
@@ -147,9 +150,12 @@ class Plan:
 
     def moved_bytes(self, blk: Block) -> np.ndarray:
         """Bytes the pipeline moves for `blk` at each grid step (0 where it keeps the block)."""
-        idx = self.block_indices(blk)
-        per = np.ceil(blk.in_bounds(idx) * dtype_bytes(blk.dtype)).astype(np.int64)
-        return np.where(self.fetches(blk), per, 0)
+        key = ("moved", blk.name)
+        if key not in self._indices:
+            idx = self.block_indices(blk)
+            per = np.ceil(blk.in_bounds(idx) * dtype_bytes(blk.dtype)).astype(np.int64)
+            self._indices[key] = np.where(self.fetches(blk), per, 0)
+        return self._indices[key]
 
     def vmem_bytes(self) -> tuple[int, list[str]]:
         """VMEM the kernel needs: every block double-buffered by the pipeline, the accumulator
