@@ -40,7 +40,8 @@ def _te_tail(C, epilogue, acc, out_shape, chan, bias_t, comp):
 def _a_stage(A, a_dtype, op_dtype):
     """A in the dtype the primitive reads, staged inside the kernel as block "A_cast": int8 ->
     uint8 is the shift A + 128 of an unsigned-A primitive (the result is compensated, see
-    `Operator.compensation`); int8 -> int16 sign-extends. (Aq, shifted)."""
+    `Operator.compensation`); int8 -> int16 sign-extends, bfloat16 -> float32 widens (both
+    exact). (Aq, shifted)."""
     from tvm import te
 
     if a_dtype in (None, op_dtype):
@@ -48,8 +49,8 @@ def _a_stage(A, a_dtype, op_dtype):
     if (op_dtype, a_dtype) == ("int8", "uint8"):
         return te.compute(A.shape, lambda *i: (A[i].astype("int32") + 128).astype("uint8"),
                           name="A_cast"), True
-    if (op_dtype, a_dtype) == ("int8", "int16"):
-        return te.compute(A.shape, lambda *i: A[i].astype("int16"), name="A_cast"), False
+    if (op_dtype, a_dtype) in (("int8", "int16"), ("bfloat16", "float32")):
+        return te.compute(A.shape, lambda *i: A[i].astype(a_dtype), name="A_cast"), False
     raise ScheduleError(f"operand A of dtype {op_dtype} cannot be fed to a primitive that "
                         f"takes {a_dtype}")
 
