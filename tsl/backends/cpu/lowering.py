@@ -46,19 +46,23 @@ def _rows_before_columns(ctx: LowerContext, prim_loops) -> None:
 
 
 def _merge_reduction_blocks(ctx: LowerContext, loops) -> None:
-    """Run as one loop each pair of loops that split one reduction axis and sit directly
-    one in the other. On a CPU the inner one only sizes the tiles the caches keep (nothing
-    is staged between them), so the access order is the same either way; left as a short
-    loop of constant trip count, LLVM unrolls it whole around the unrolled register tile,
-    and its scheduler then hoists the operand loads of every step and spills accumulators
-    (int8 1024³, 8x1 tile: k_inner = 8 ran 34 ms, k_inner = 1 and 2 ran 27.6 ms)."""
+    """Run as one loop each pair of loops that split one reduction axis and sit one in the
+    other, with nothing but loops of one iteration between them (a 1x1 window's r and s).
+    On a CPU the inner one only sizes the tiles the caches keep (nothing is staged between
+    them), so the access order is the same either way; left as a short loop of constant trip
+    count, LLVM unrolls it whole around the unrolled register tile, and its scheduler then
+    hoists the operand loads of every step and spills accumulators (int8 1024³, 8x1 tile:
+    k_inner = 8 ran 34 ms, k_inner = 1 and 2 ran 27.6 ms)."""
     s, sch = ctx.tsl, ctx.sch
-    for outer, inner in zip(loops, loops[1:]):
-        if (outer.axes == inner.axes and s.reduces(outer) and s.reduces(inner)
-                and outer.extent > 1 and inner.extent > 1
-                and sch.get(ctx.rv(outer)).body.same_as(sch.get(ctx.rv(inner)))):
-            fused = sch.fuse(ctx.rv(outer), ctx.rv(inner))
-            ctx.loops[id(outer)] = ctx.loops[id(inner)] = fused
+    runs = [lp for lp in loops if lp.extent > 1]
+    for outer, inner in zip(runs, runs[1:]):
+        chain = loops[loops.index(outer):loops.index(inner) + 1]
+        nested = all(sch.get(ctx.rv(a)).body.same_as(sch.get(ctx.rv(b)))
+                     for a, b in zip(chain, chain[1:]))
+        if outer.axes == inner.axes and all(s.reduces(lp) for lp in chain) and nested:
+            fused = sch.fuse(*[ctx.rv(lp) for lp in chain])
+            for lp in chain:
+                ctx.loops[id(lp)] = fused
 
 
 class CPULowering(Lowering):
