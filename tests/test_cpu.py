@@ -135,7 +135,8 @@ def test_knobs_change_the_nest(machine):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op,knob,loop", [
     (lambda dt: ops.matmul(40, 48, 100, dtype=dt), "k_inner", "k_0_k_1"),
-    (lambda dt: ops.conv2d(1, 40, 9, 10, 24, 1, 1, stride=2, dtype=dt), "ci_inner", "ci_0_r_s_ci_1")])
+    (lambda dt: ops.conv2d(1, 40, 9, 10, 24, 1, 1, stride=2, dtype=dt), "ci_inner",
+     "ci_0_r_s_ci_1")])
 def test_reduction_block_runs_as_one_loop(machine, dtype, op, knob, loop):
     """The inner split of the reduction only sizes the tiles the caches keep: its loop and the
     loop over the blocks (with a 1x1 window's r and s between them) run as one (a short inner
