@@ -4,7 +4,7 @@
                                        [--target vta] [--pool 600] [--json FILE] [--workdir DIR]
     TSL_TIMING=realtime python benchmarks/tune_transfer.py --target cpu \
         --pairs "matmul 512x512x512 int8:matmul 1024x1024x1024 int8" [--within 0.03]
-        [--lock /tmp/rt.lock] [--remeasure 5]
+        [--lock /tmp/rt.lock] [--remeasure 3]
 
 For each pair X:Y of operators — ResNet-18 layers by name (docs/vta.md §6, int8 with VTA's
 requantization) or operator specs as `python -m tsl.tune` takes them:
@@ -14,12 +14,15 @@ requantization) or operator specs as `python -m tsl.tune` takes them:
    own empty database) and with X's model copied beside its database (`transfer=True`). The two
    runs of a seed share the candidate pool and differ only by the model ranking the batches
    before the run has 2 batches of its own measurements (then both train on their own).
-3. The goal for Y is the best configuration any of its runs found (all seeds, both arms). Per
-   run: the trials it needed to come within `--within` of the goal (default 1% on VTA, 3% on
-   CPU; ">N": it did not within its budget). The table gives the median over seeds of each arm, the per-seed values, and the
-   median best each arm reached; then, per run, the Spearman correlation of the learned
-   model's predictions with the next batch's measurements, over the batches ranked by X's
-   model (transfer only) and over those ranked by the run's own model.
+3. After each trial a run's answer is the best configuration by its own measurements so far.
+   The goal for Y is the fastest answer of any run (all seeds, both arms). Per run: the trials
+   until its answer came within `--within` of the goal (default 1% on VTA, 3% on CPU; ">N":
+   not within the budget); and, the issue's "the same best", until it came within that of the
+   final answer of the run from scratch with the same seed. The tables give the median over
+   seeds of each arm, the per-seed values, and the median final answer of each arm; then, per
+   run, the Spearman correlation of the learned model's predictions with the next batch's
+   measurements, over the batches ranked by X's model (transfer only) and over those ranked
+   by the run's own model.
 The default pairs tune C7 from each of three other layers: on C4, C8 and C10 the default knobs
 (the analytic model's first choice) are the best any run finds, so every run, with or without
 a model, reaches it at trial 1; C7's fastest program is one the analytic model prices 46% too
@@ -32,12 +35,15 @@ same reason a configuration another run of this process measured is not simulate
 still counts as a trial of every run that measures it).
 On the CPU the measurements are times, so noisy: every configuration is still checked against
 NumPy, and measured once per process — the runs that choose it share that measurement, so the
-two arms differ only by what they chose to measure, never by the luck of a timing. The noise
-is then measured on its own: the goal configuration and Y's default knobs are measured again
-`--remeasure` times, and the spread (max / min - 1) is printed beside the tolerance, which
-must exceed it. Time with `TSL_TIMING=realtime` on a shared host; `--lock FILE` holds an
-exclusive flock on FILE while each batch is measured (only one real-time timer at a time on
-the host), not while the tuner builds candidates and ranks them.
+two arms differ only by what they chose to measure, never by the luck of a timing. A run's
+answer is still the luck of its own timings (the best of many noisy measurements is often a
+lucky one: measured, up to 10% below that configuration's own later timings), so every
+answer of every run and Y's default are built again and measured `--remeasure` more times,
+in rounds over all of them; the median of those is the answer's time in the tables, and the
+spread and the gap to the runs' measurements are printed as the noise, to compare with the
+tolerance. Time with `TSL_TIMING=realtime` on a shared host; `--lock FILE` holds an exclusive
+flock on FILE while a batch or a round is measured (one real-time timer at a time on the
+host), not while the tuner builds candidates and ranks them.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import argparse
 import contextlib
 import fcntl
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -59,6 +66,7 @@ import tsl  # noqa: E402
 from tsl import tune  # noqa: E402
 from tsl.backend import resolve_target  # noqa: E402
 from tsl.backends.vta import classic  # noqa: E402
+from tsl.tune.database import knobs_key  # noqa: E402
 from tsl.tune.opspec import parse  # noqa: E402
 
 WITHIN = {"vta": 0.01, "cpu": 0.03}  # default tolerance: deterministic cycles / measured times
@@ -77,7 +85,7 @@ class Memo(tune.Runner):
         self.lock = lock
 
     def run(self, schedules, schedule_fn):
-        keys = [(tune.signature(s.op), json.dumps(s.knob_values, sort_keys=True))
+        keys = [(tune.signature(s.op), knobs_key(s.knob_values))
                 for s in schedules]
         new = [(k, s) for k, s in zip(keys, schedules) if k not in self.outcomes]
         if new:
@@ -106,12 +114,30 @@ def operator(name: str):
     return classic.layer(name) if name in classic.LAYERS else parse(name)
 
 
-def remeasure(op, target: str, knobs: dict, times: int, lock: str | None) -> list[float]:
-    """`times` fresh measurements of `op` built with `knobs` (seconds)."""
+def remeasure(op, target: str, configs: list[dict], times: int,
+              lock: str | None) -> list[list[float]]:
+    """`times` fresh measurements (seconds) of `op` built with each of `configs`, in rounds
+    that measure every configuration once, so that a slow or fast spell of the host falls on
+    all of them alike."""
     backend = resolve_target(target)[0]
-    art = tsl.build(op, target, knobs=knobs)
-    with locked(lock):
-        return [float(backend.measure(art).seconds) for _ in range(times)]
+    arts = [tsl.build(op, target, knobs=k) for k in configs]
+    again: list[list[float]] = [[] for _ in arts]
+    for _ in range(times):
+        with locked(lock):
+            for a, art in zip(again, arts):
+                a.append(float(backend.measure(art).seconds))
+    return again
+
+
+def picks(r) -> list:
+    """[trial, knobs] each time run `r` found a new best (by its own measurements): after
+    trial n, the run's answer is the last pick at or before n."""
+    out, best = [], math.inf
+    for n, (knobs, _, seconds) in enumerate(r.log, 1):
+        if seconds < best:
+            best = seconds
+            out.append([n, knobs])
+    return out
 
 
 def run_pair(x: str, y: str, target: str, trials: int, seeds: int, work: Path,
@@ -144,40 +170,67 @@ def run_pair(x: str, y: str, target: str, trials: int, seeds: int, work: Path,
             runs[arm].append(r)
             progress(f"{y} seed {seed} {arm}: best {r.seconds * 1e6:.2f} us, "
                      f"ranked by {r.ranked_by}, Spearman {r.spearman}")
-    best = min((r for rs in runs.values() for r in rs), key=lambda r: r.seconds)
-    goal = best.seconds
-    ok, err = tsl.build(op_y, target, knobs=best.knobs).verify()
-    if not ok:
-        raise tsl.LoweringError(f"{y}: the goal configuration {best.knobs} is wrong ({err})")
     row = {"X": x, "Y": y, "target": machine.name, "trials": trials, "seeds": seeds,
            "pool": pool, "within": within, "X_best_s": rx.seconds, "X_best_knobs": rx.knobs,
-           "Y_goal_s": goal, "Y_goal_knobs": best.knobs,
-           "Y_default_s": runs["scratch"][0].default_seconds,
            "Y_default_knobs": runs["scratch"][0].default_knobs}
-    if times:  # the noise of a measurement, beside the tolerance
-        for name in ("goal", "default"):
-            row[f"Y_{name}_again_s"] = remeasure(op_y, target, row[f"Y_{name}_knobs"], times,
-                                                 lock)
     for arm, rs in runs.items():
-        row[f"{arm}_best_s"] = [r.seconds for r in rs]
-        row[f"{arm}_traces"] = [r.trace for r in rs]  # best so far after each trial
+        row[f"{arm}_picks"] = [picks(r) for r in rs]
         row[f"{arm}_spearman_own"] = [r.spearman_of(("own",)) for r in rs]
         row[f"{arm}_spearman_transferred"] = [r.spearman_of(("transferred",)) for r in rs]
-    return reached(row)
+    # Every configuration some run answered with at some trial, and Y's default, with the
+    # measurement the runs saw and, with `times`, that many fresh ones (their median counts).
+    tuned = {knobs_key(k): s for rs in runs.values() for r in rs
+             for k, _, s in r.log}
+    configs = {knobs_key(k): k for arm in runs for ps in row[f"{arm}_picks"]
+               for _, k in ps}
+    configs.setdefault(knobs_key(row["Y_default_knobs"]), row["Y_default_knobs"])
+    if times:
+        progress(f"{y}: measuring the {len(configs)} configurations the runs answered with "
+                 f"{times} more times")
+    again = remeasure(op_y, target, list(configs.values()), times, lock) if times else None
+    row["answers"] = [{"knobs": k, "tuned_s": tuned[key], "again_s": again[i] if again else []}
+                      for i, (key, k) in enumerate(configs.items())]
+    row = reached(row)
+    goal = next(a for a in row["answers"] if a["s"] == row["Y_goal_s"])["knobs"]
+    ok, err = tsl.build(op_y, target, knobs=goal).verify()
+    if not ok:
+        raise tsl.LoweringError(f"{y}: the goal configuration {goal} is wrong ({err})")
+    row["Y_goal_knobs"] = goal
+    return row
 
 
 def reached(row: dict) -> dict:
-    """`row` with, per arm, the trials each run needed to come within the tolerance of the goal
-    (the best of all runs), and of the best the run from scratch of the same seed reached in
-    the budget (the second goal), with their medians (from the runs' traces)."""
+    """`row` with, per arm, the trials each run needed until its answer (the best by its own
+    measurements) came within the tolerance of the goal — the fastest answer of any run, by
+    the median of its fresh measurements where there are some (else by the measurement the
+    runs saw) — and of the second goal, the final answer of the run from scratch with the
+    same seed; with their medians."""
     trials, ok = row["trials"], 1 + row["within"]
-    row["scratch_best_s"] = [min(tr) for tr in row["scratch_traces"]]
-    for arm in ("scratch", "transfer"):
-        traces = row[f"{arm}_traces"]
-        row[f"{arm}_best_median_s"] = statistics.median(min(tr) for tr in traces)
-        for suffix, goals in (("", [row["Y_goal_s"]] * len(traces)),
-                              ("_to_scratch_best", row["scratch_best_s"])):
-            reach = [trials_to(tr, g * ok) for tr, g in zip(traces, goals)]
+    value = {}
+    for a in row["answers"]:
+        a["s"] = statistics.median(a["again_s"]) if a["again_s"] else a["tuned_s"]
+        value[knobs_key(a["knobs"])] = a["s"]
+
+    def trace(ps: list) -> list[float]:  # the answer's value after each trial
+        out, cur, it = [], math.inf, iter(ps)
+        nxt = next(it, None)
+        for n in range(1, trials + 1):
+            while nxt is not None and nxt[0] <= n:
+                cur = value[knobs_key(nxt[1])]
+                nxt = next(it, None)
+            out.append(cur)
+        return out
+
+    traces = {arm: [trace(ps) for ps in row[f"{arm}_picks"]] for arm in ("scratch", "transfer")}
+    row["Y_goal_s"] = min(min(tr) for trs in traces.values() for tr in trs)
+    row["Y_default_s"] = value[knobs_key(row["Y_default_knobs"])]
+    row["scratch_final_s"] = [tr[-1] for tr in traces["scratch"]]
+    for arm, trs in traces.items():
+        row[f"{arm}_traces"] = trs
+        row[f"{arm}_final_median_s"] = statistics.median(tr[-1] for tr in trs)
+        for suffix, goals in (("", [row["Y_goal_s"]] * len(trs)),
+                              ("_to_scratch_final", row["scratch_final_s"])):
+            reach = [trials_to(tr, g * ok) for tr, g in zip(trs, goals)]
             row[f"{arm}_trials{suffix}"] = reach
             # A run that never came within the tolerance counts as budget + 1 (">N").
             row[f"{arm}_median{suffix}"] = statistics.median(n or trials + 1 for n in reach)
@@ -185,7 +238,7 @@ def reached(row: dict) -> dict:
 
 
 def trials_to(trace: list[float], seconds: float) -> int | None:
-    """`TuneResult.trials_to` of a saved trace."""
+    """The first trial after which the answer was within `seconds` (None: never)."""
     return next((n for n, t in enumerate(trace, 1) if t <= seconds), None)
 
 
@@ -199,12 +252,14 @@ def label(r: dict) -> str:
 
 def print_table(rows: list[dict]) -> None:
     lw = max(10, *(len(label(r)) for r in rows))
-    for title, suffix in (("Trials to reach the goal (the best any run of Y found)", ""),
-                          ("Trials to reach the best the run from scratch of the same seed "
-                           "reached in the budget", "_to_scratch_best")):
+    for title, suffix in (("Trials until the run's answer is within the tolerance of the goal "
+                           "(the fastest answer of any run)", ""),
+                          ("Trials until the run's answer is within the tolerance of the final "
+                           "answer of the run from scratch with the same seed",
+                           "_to_scratch_final")):
         print(title)
         print(f"{'X -> Y':{lw}s} {'goal (us)':>10s}  {'scratch: median  per seed':34s}"
-              f"{'transfer: median  per seed':34s}{'best us (scr/tr)':>18s}")
+              f"{'transfer: median  per seed':34s}{'final us (scr/tr)':>18s}")
         for r in rows:
             t = r["trials"]
             cells = []
@@ -213,18 +268,20 @@ def print_table(rows: list[dict]) -> None:
                 cells.append(f"{fmt_trials(r[f'{arm}_median{suffix}'], t):>6s}  [{per}]")
             goal = f"{r['Y_goal_s'] * 1e6:10.2f}" if not suffix else f"{'per seed':>10s}"
             print(f"{label(r):{lw}s} {goal}  {cells[0]:34s}{cells[1]:34s}"
-                  f"{r['scratch_best_median_s'] * 1e6:8.2f}/"
-                  f"{r['transfer_best_median_s'] * 1e6:.2f}")
+                  f"{r['scratch_final_median_s'] * 1e6:8.2f}/"
+                  f"{r['transfer_final_median_s'] * 1e6:.2f}")
         print()
     for r in rows:
         print(f"{label(r)}: goal {r['Y_goal_knobs']}, tolerance {r['within']:.0%}; "
               f"Y's default {r['Y_default_s'] * 1e6:.2f} us {r['Y_default_knobs']}")
-        for name in ("goal", "default"):
-            again = r.get(f"Y_{name}_again_s")
-            if again:
-                print(f"  {name} measured {len(again)} more times: "
-                      f"{' '.join(f'{s * 1e6:.2f}' for s in again)} us, "
-                      f"spread {max(again) / min(again) - 1:.1%}")
+        again = [a for a in r["answers"] if a["again_s"]]
+        if again:
+            spread = sorted(max(a["again_s"]) / min(a["again_s"]) - 1 for a in again)
+            seen = sorted(a["tuned_s"] / a["s"] - 1 for a in again)
+            print(f"  noise: {len(again)} answers measured {len(again[0]['again_s'])} more "
+                  f"times each: spread (max / min - 1) median {statistics.median(spread):.1%}, "
+                  f"max {spread[-1]:.1%}; the runs' measurement against the median of these: "
+                  f"{seen[0]:+.1%} .. {seen[-1]:+.1%} (median {statistics.median(seen):+.1%})")
     print("\nSpearman of the learned model's predictions with the next batch, per seed")
     w = max(26, 6 * max(r["seeds"] for r in rows) + 2)  # "+0.12," per seed
     print(f"{'X -> Y':{lw}s} {'scratch, own model':{w}s}{'transfer, X model':{w}s}"
@@ -251,8 +308,9 @@ def main() -> int:
     ap.add_argument("--within", type=float,
                     help=f"tolerance of 'reached the goal' (default: {WITHIN}, else 0.03)")
     ap.add_argument("--remeasure", type=int,
-                    help="measure the goal and Y's default this many more times, for the noise "
-                    "(default: 0 on VTA, whose cycles are deterministic, else 5)")
+                    help="measure every answer of a run and Y's default this many more times; "
+                    "their median is what counts (default: 0 on VTA, whose cycles are "
+                    "deterministic, else 3)")
     ap.add_argument("--lock", help="hold an exclusive flock on this file while measuring")
     ap.add_argument("--json", help="also write the rows as JSON")
     ap.add_argument("--workdir")
@@ -273,7 +331,7 @@ def main() -> int:
         except tsl.TSLError as e:
             ap.error(f"--pairs: {name!r} is neither a layer of {sorted(classic.LAYERS)} nor an "
                      f"operator spec ({e})")
-    times = args.remeasure if args.remeasure is not None else (0 if backend == "vta" else 5)
+    times = args.remeasure if args.remeasure is not None else (0 if backend == "vta" else 3)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tsl-transfer-"))
     work.mkdir(parents=True, exist_ok=True)
 
