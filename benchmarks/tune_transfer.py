@@ -315,10 +315,13 @@ def main() -> int:
     ap.add_argument("--json", help="also write the rows as JSON")
     ap.add_argument("--workdir")
     ap.add_argument("--show", nargs="+", metavar="JSON",
-                    help="print the tables of rows written by --json (no run)")
+                    help="print the tables of rows written by --json (no run; --within applies)")
     args = ap.parse_args()
     if args.show:
-        print_table([reached(r) for f in args.show for r in json.loads(Path(f).read_text())])
+        rows = [r for f in args.show for r in json.loads(Path(f).read_text())]
+        for r in rows:
+            r["within"] = r["within"] if args.within is None else args.within
+        print_table([reached(r) for r in rows])
         return 0
     backend = resolve_target(args.target)[1].backend
     text = args.pairs or DEFAULT_PAIRS.get(backend, DEFAULT_PAIRS["cpu"])
