@@ -23,10 +23,12 @@ requantization) or operator specs as `python -m tsl.tune` takes them:
    run, the Spearman correlation of the learned model's predictions with the next batch's
    measurements, over the batches ranked by X's model (transfer only) and over those ranked
    by the run's own model.
-The default pairs tune C7 from each of three other layers: on C4, C8 and C10 the default knobs
-(the analytic model's first choice) are the best any run finds, so every run, with or without
-a model, reaches it at trial 1; C7's fastest program is one the analytic model prices 46% too
-slow (rank 24 in the analytic order of the pool's top 60), the case a learned model is for.
+The default pairs on the CPU: int8 matmul 512³ -> 1024³ (the analytic model prices every
+register tile alike there). On VTA they tune C7 from each of three other layers: on C4, C8
+and C10 the default knobs (the analytic model's first choice) are the best any run finds, so
+every run, with or without a model, reaches it at trial 1; C7's fastest program is one the
+analytic model prices 46% too slow (rank 24 in the analytic order of the pool's top 60), the
+case a learned model is for.
 The VTA cycle model's counts are deterministic: the runs differ only by what they chose to
 measure, never by noise. They depend on the program, not on the data, so the runs skip the
 per-configuration check against NumPy (the functional simulation of a whole layer, most of a
