@@ -19,6 +19,8 @@ The codegen reads the scheduled TIR (see `lowering.py`) in two passes:
    An input tile holds only the rows the GEMMs read (every stride-th row of a strided 1x1
    window, loaded at a multiple of the row pitch), and a LOAD of the region a buffer already
    holds is skipped (a weight tile staged under the output row loop is loaded once).
+   Micro-op kernels are loaded by one LOAD UOP per fill of the UOP buffer
+   (`_batch_uop_loads`), not one per kernel as TVM's runtime (and the classic program) does.
 
 Dependency tokens are then derived from what each instruction reads and writes in the
 scratchpads (`add_tokens`): a read after a write, or a write after a read, that crosses modules
@@ -362,10 +364,11 @@ class _Insn:
 class _Emitter:
     def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool = False,
                  keep_tiles: bool = False, share_tiles: bool = False,
-                 thread_major: bool = True):
+                 thread_major: bool = True, batch_uops: bool = False):
         self.k, self.op, self.c = kernel, op, config
         self.row_pitch, self.keep_tiles = row_pitch, keep_tiles
         self.share_tiles, self.thread_major = share_tiles, thread_major
+        self.batch_uops = batch_uops
         # Where each thread's tile of a scratchpad buffer is, and what each slot holds: a
         # slot is (owning thread, pipeline slot); a shared tile sits in one thread's slot.
         self.where = {}  # scratchpad buffer -> {thread: the slot its reads find the tile in}
@@ -505,6 +508,8 @@ class _Emitter:
         # FINISH reads what every STORE "writes": the run's results in DRAM, so that it waits
         # for the last STORE (the host reads DRAM as soon as FINISH executes).
         self.out.append(_Insn(Finish(), DONE, []))
+        if self.batch_uops:
+            self.out = _batch_uop_loads(self.out)
         insns = add_tokens(self.out)
         uops = (np.concatenate(self.uop_words) if self.uop_words
                 else np.zeros(0, np.uint32))
@@ -838,6 +843,30 @@ class _Emitter:
         return self.uop_cache[key]
 
 
+def _batch_uop_loads(items: list[_Insn]) -> list[_Insn]:
+    """The LOAD UOPs of each fill of the UOP buffer (from one refill from the start to the
+    next, see `_Emitter.uop_kernel`) merged into one, issued where the fill's first LOAD was:
+    the kernels of a fill lie contiguously both in the buffer and in the uop segment, and
+    only the compute module (in program order) reads or writes the UOP buffer, so loading a
+    kernel before its turn changes nothing but the cost: one DMA row (dma_latency) per
+    fill instead of one per kernel."""
+    out, first = [], None
+    for it in items:
+        insn = it.insn
+        if not (isinstance(insn, Load) and insn.mem == Mem.UOP):
+            out.append(it)
+            continue
+        if insn.sram_base == 0:  # a new fill: its LOAD takes this one's place
+            first = len(out)
+            out.append(it)
+            continue
+        head = out[first].insn
+        n = insn.sram_base + insn.x_size
+        out[first] = _Insn(dataclasses.replace(head, y_size=1, x_size=n, x_stride=n), [],
+                           [("uop", 0, n)])
+    return out
+
+
 def _hazard_free(outer, inner, grid) -> bool:
     """Whether no uop execution of the instruction (iter_out, iter_in, kernel `grid`) writes
     the ACC entry that one of the two executions before it wrote: VTA's GEMM pipeline reads an
@@ -955,7 +984,7 @@ _FIELD_HINTS = {
 
 def generate(func, op, config: VTAConfig, row_pitch: bool = False,
              keep_tiles: bool = False, share_tiles: bool = False,
-             thread_major: bool = True) -> Program:
+             thread_major: bool = True, batch_uops: bool = False) -> Program:
     """The VTA program of a scheduled PrimFunc, every instruction checked to encode (a field
     that does not fit is a build error naming the field and what to change, not a failure of
     the first run). `row_pitch`: input tiles hold only the rows the GEMMs read (the input
@@ -964,9 +993,11 @@ def generate(func, op, config: VTAConfig, row_pitch: bool = False,
     `share_tiles`: virtual threads that need the same region of a buffer at once read one
     copy of it (the movers' `shares_tiles`, see `_Emitter.leaf_copy`). `thread_major`: the
     copies of a step are issued thread by thread (see `_Emitter.walk`), else each copy for
-    every thread in turn, as TVM's virtual-thread injection does."""
+    every thread in turn, as TVM's virtual-thread injection does. `batch_uops`: one LOAD
+    UOP per fill of the UOP buffer (`_batch_uop_loads`), else one per kernel, as TVM's
+    runtime does."""
     prog = _Emitter(read_tir(func), op, config, row_pitch, keep_tiles, share_tiles,
-                    thread_major).run()
+                    thread_major, batch_uops).run()
     for k, insn in enumerate(prog.insns):
         try:
             encode(insn, config)
