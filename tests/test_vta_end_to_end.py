@@ -7,7 +7,7 @@ import pytest
 
 import tsl
 from tsl.backends.vta import backend, classic
-from tsl.backends.vta.isa import Alu, Gemm, Load, Mem
+from tsl.backends.vta.isa import Alu, Gemm, Load, Mem, Store
 
 EP = tsl.ops.requantize(shift=8, bias=True, clip=(0, 127))
 
@@ -218,3 +218,46 @@ def test_uop_kernels_load_once_per_fill_of_the_uop_buffer():
     classic_loads = [i for i in classic_art.program().insns
                      if isinstance(i, Load) and i.mem == Mem.UOP]
     assert any(i.sram_base > 0 for i in classic_loads)
+
+
+@pytest.mark.parametrize("op, split", [
+    (tsl.ops.conv2d(1, 24, 9, 9, 40, 3, 3, padding=1, dtype="int8", epilogue=EP), True),
+    # 11 pieces of 3 entries: the 10 more ALU instructions of each of the 4 epilogue ops
+    # would cost more than the 60 cycles of STORE they would leave unexposed
+    (tsl.ops.matmul(33, 40, 50, dtype="int8", epilogue=EP), False),
+], ids=str)
+def test_the_last_tile_is_stored_in_pieces(op, split):
+    """The program's last accumulator tile runs its epilogue and STORE in pieces along its
+    outermost dim, where that pays (as the model's `drain_pieces` says), so that only the
+    last piece's STORE is left after the compute; the classic program stores it whole.
+    Exact either way; drop the token from the last piece's ALU to its STORE and the
+    simulator reports that STORE racing the ALU."""
+    from tsl.backends.vta.timing import module_of
+    from tsl.errors import LoweringError
+
+    s = tsl.schedule(op, "vta")
+    art, classic_art = backend.build(s), backend.build(s, cthreads=True)
+    for a in (art, classic_art):
+        check(a)
+    tail = {}
+    for a in (art, classic_art):
+        insns = a.program().insns
+        last = max(k for k, i in enumerate(insns) if isinstance(i, Gemm))
+        tail[a] = [k for k in range(last, len(insns)) if isinstance(insns[k], Store)]
+    assert len(tail[classic_art]) == 1
+    wb = next(t for t in tsl.model.transfers(s) if t.what.startswith("C write-back"))
+    assert len(tail[art]) == tsl.model.cost.drain_pieces(s, wb)
+    assert (len(tail[art]) > 1) == split
+    if not split:
+        return
+    insns = list(art.program().insns)
+    store = tail[art][-1]
+    alu = max(k for k in range(store) if module_of(insns[k]) == "compute"
+              and insns[k].deps.push_next)
+    assert isinstance(insns[alu], Alu) and insns[store].deps.pop_prev
+    for k, flag in ((alu, "push_next"), (store, "pop_prev")):
+        insns[k] = dataclasses.replace(insns[k], deps=dataclasses.replace(insns[k].deps,
+                                                                          **{flag: False}))
+    art.program().insns = insns
+    with pytest.raises(LoweringError, match=rf"race: .*#{store}|#{store} .*race: "):
+        art.run(*art.op.random_inputs(3))

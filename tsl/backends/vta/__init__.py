@@ -36,7 +36,8 @@ class VTABackend(Backend):
                                    keep_tiles=bool(a and b and a.keeps_tiles and b.keeps_tiles),
                                    share_tiles=bool(a and b and a.shares_tiles
                                                     and b.shares_tiles) and not cthreads,
-                                   thread_major=not cthreads, batch_uops=not cthreads)
+                                   thread_major=not cthreads, batch_uops=not cthreads,
+                                   split_tail=not cthreads)
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
 
     def measure(self, art: VTAArtifact):
