@@ -367,10 +367,9 @@ class _Emitter:
                  thread_major: bool = True, batch_uops: bool = False,
                  split_tail: bool = False):
         self.k, self.op, self.c = kernel, op, config
-        self.split_tail = split_tail
         self.row_pitch, self.keep_tiles = row_pitch, keep_tiles
         self.share_tiles, self.thread_major = share_tiles, thread_major
-        self.batch_uops = batch_uops
+        self.batch_uops, self.split_tail = batch_uops, split_tail
         # Where each thread's tile of a scratchpad buffer is, and what each slot holds: a
         # slot is (owning thread, pipeline slot); a shared tile sits in one thread's slot.
         self.where = {}  # scratchpad buffer -> {thread: the slot its reads find the tile in}
