@@ -7,6 +7,7 @@ import pytest
 
 import tsl
 from tsl.backends.vta import backend, classic
+from tsl.backends.vta.isa import Alu, Gemm, Load, Mem, Store
 
 EP = tsl.ops.requantize(shift=8, bias=True, clip=(0, 127))
 
@@ -86,7 +87,7 @@ def test_strided_conv_loads_only_the_rows_it_reads(args, knobs, step):
     """The input tile of a strided window holds only the rows the GEMMs read, loaded at
     `step` times the row pitch; the result is exact, and the model's input traffic and DMA
     rows are the program's, with and without the skipping."""
-    from tsl.backends.vta.isa import Load, Mem
+    from tsl.backends.vta.isa import Alu, Gemm, Load, Mem
 
     *shape, stride, pad, dil = args
     op = tsl.ops.conv2d(*shape, stride=stride, padding=pad, dilation=dil, dtype="int8",
@@ -167,7 +168,7 @@ def test_a_shared_tile_is_read_only_after_its_load():
     Drop that token (the LOAD's push and the GEMM's pop) and the simulator reports a race
     of that GEMM (nothing orders it after the LOAD, or before the loads that follow it)
     instead of running the program."""
-    from tsl.backends.vta.isa import Load, Mem
+    from tsl.backends.vta.isa import Alu, Gemm, Load, Mem
     from tsl.backends.vta.timing import module_of
     from tsl.errors import LoweringError
 
@@ -188,4 +189,75 @@ def test_a_shared_tile_is_read_only_after_its_load():
                                                                           **{flag: False}))
     art.program().insns = insns
     with pytest.raises(LoweringError, match=rf"#{gemm} .*race: |race: .* by #{gemm} "):
+        art.run(*art.op.random_inputs(3))
+
+
+def test_uop_kernels_load_once_per_fill_of_the_uop_buffer():
+    """The micro-op kernels that fill the UOP buffer between two refills from its start are
+    loaded by one LOAD UOP, where the fill's first kernel was loaded (one DMA latency per
+    fill, not per kernel); the classic program loads each kernel on its own, as TVM's
+    runtime does. A 64-byte UOP buffer (16 uops) forces many fills of several kernels each:
+    merging kernels across a refill would overflow the buffer or overwrite kernels still in
+    use, and a kernel loaded after its GEMM would be read unloaded, which the simulator
+    refuses."""
+    op = tsl.ops.conv2d(1, 24, 9, 9, 40, 3, 3, padding=1, dtype="int8", epilogue=EP)
+    m = tsl.load_machine("vta-1x16x16")
+    small = dataclasses.replace(m, params={**m.params, "log_uop_buff_size": 6})
+    s = tsl.schedule(op, small, knobs={"parallel_axes": "co", "h_inner": 2, "w_inner": 9,
+                                       "ci_inner": 1, "co_inner": 1, "co_outer": 1,
+                                       "reduce_rows": True, "stages": 2})
+    depth = 16
+    art, classic_art = backend.build(s), backend.build(s, cthreads=True)
+    for a in (art, classic_art):
+        check(a)
+    prog = art.program()
+    loads = [i for i in prog.insns if isinstance(i, Load) and i.mem == Mem.UOP]
+    assert len(loads) > 2 and all(i.sram_base == 0 and i.x_size <= depth for i in loads)
+    assert any(i.uop_bgn > 0 for i in prog.insns if isinstance(i, (Gemm, Alu)))
+    assert sum(i.x_size for i in loads) == len(prog.uops)
+    classic_loads = [i for i in classic_art.program().insns
+                     if isinstance(i, Load) and i.mem == Mem.UOP]
+    assert any(i.sram_base > 0 for i in classic_loads)
+
+
+@pytest.mark.parametrize("op, split", [
+    (tsl.ops.conv2d(1, 24, 9, 9, 40, 3, 3, padding=1, dtype="int8", epilogue=EP), True),
+    # 11 pieces of 3 entries: the 10 more ALU instructions of each of the 4 epilogue ops
+    # would cost more than the 60 cycles of STORE they would leave unexposed
+    (tsl.ops.matmul(33, 40, 50, dtype="int8", epilogue=EP), False),
+], ids=str)
+def test_the_last_tile_is_stored_in_pieces(op, split):
+    """The program's last accumulator tile runs its epilogue and STORE in pieces along its
+    outermost dim, where that pays (as the model's `drain_pieces` says), so that only the
+    last piece's STORE is left after the compute; the classic program stores it whole.
+    Exact either way; drop the token from the last piece's ALU to its STORE and the
+    simulator reports that STORE racing the ALU."""
+    from tsl.backends.vta.timing import module_of
+    from tsl.errors import LoweringError
+
+    s = tsl.schedule(op, "vta")
+    art, classic_art = backend.build(s), backend.build(s, cthreads=True)
+    for a in (art, classic_art):
+        check(a)
+    tail = {}
+    for a in (art, classic_art):
+        insns = a.program().insns
+        last = max(k for k, i in enumerate(insns) if isinstance(i, Gemm))
+        tail[a] = [k for k in range(last, len(insns)) if isinstance(insns[k], Store)]
+    assert len(tail[classic_art]) == 1
+    wb = next(t for t in tsl.model.transfers(s) if t.what.startswith("C write-back"))
+    assert len(tail[art]) == tsl.model.cost.drain_pieces(s, wb)
+    assert (len(tail[art]) > 1) == split
+    if not split:
+        return
+    insns = list(art.program().insns)
+    store = tail[art][-1]
+    alu = max(k for k in range(store) if module_of(insns[k]) == "compute"
+              and insns[k].deps.push_next)
+    assert isinstance(insns[alu], Alu) and insns[store].deps.pop_prev
+    for k, flag in ((alu, "push_next"), (store, "pop_prev")):
+        insns[k] = dataclasses.replace(insns[k], deps=dataclasses.replace(insns[k].deps,
+                                                                          **{flag: False}))
+    art.program().insns = insns
+    with pytest.raises(LoweringError, match=rf"race: .*#{store}|#{store} .*race: "):
         art.run(*art.op.random_inputs(3))

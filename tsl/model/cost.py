@@ -246,6 +246,33 @@ def tile_rows(s: Schedule, st: Stage, rows_used: bool = False) -> int:
     return max(rows, 1)
 
 
+def drain_pieces(s: Schedule, wb: Transfer) -> int:
+    """Pieces a program writes its last accumulator tile back in (write-back `wb`), each
+    after its part of the epilogue, as the VTA codegen does: along the tile's outermost dim
+    longer than 1 (the n axis in the primitive's blocks where the accumulator is packed),
+    where the write-back this leaves exposed (one piece's) shrinks by more than the extra
+    vector instructions take to start (the primitive's latency each); else 1."""
+    acc = next((st for st in s.stages if st.operand == "C"), None)
+    p = s.primitive
+    if acc is None or p is None:
+        return 1
+    packed = "C" in s.packed or "A" in s.packed
+    n = 1
+    for axis, tile, _ in s.op.tile_shape("C", _inner_ext(s, acc.at)):
+        if packed and s.role_of(axis) == "n" and tile % p.n == 0:
+            tile //= p.n
+        if tile > 1:
+            n = tile
+            break
+    ops = sum(vector_ops(step) for step in s.op.epilogue.steps)
+    saved = wb.fill_cycles() - _drain_piece(wb, n).fill_cycles()
+    return n if n > 1 and saved > (n - 1) * ops * p.latency else 1
+
+
+def _drain_piece(wb: Transfer, n: int) -> Transfer:
+    return _replace(wb, bytes=math.ceil(wb.bytes / n), rows=max(1, wb.rows // n))
+
+
 def _mover(s: Schedule, src: str, dst: str):
     return next((mv for mv in s.machine.movers if mv.src == src and mv.dst == dst), None)
 
@@ -505,7 +532,10 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     load_path = inner[0].parent if inner else m.memory[0].name
     busiest = max((("compute", V * (R + E) + N * g), (load_path, load), (acc.parent, V * S)),
                   key=lambda kv: kv[1])
-    cycles = tiles / V * group + pre + S + serial
+    # The last tile's write-back is what is left after the compute: drained in pieces, each
+    # after its part of the epilogue, only the last piece's is (`drain_pieces`).
+    tail = _drain_piece(acc, drain_pieces(s, acc)).fill_cycles()
+    cycles = tiles / V * group + pre + tail + serial
     # Compute starts once the first thread's first tiles are in: one fill of each (a tile
     # kept across steps counts whole, not its share of a step), of which the steady state
     # above prices one step's average. While the load engine has time to spare (it is not

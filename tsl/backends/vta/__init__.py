@@ -19,7 +19,8 @@ class VTABackend(Backend):
     def build(self, schedule, cthreads: bool = False, **options) -> VTAArtifact:
         """The VTA program of `schedule`. `cthreads`: lay out virtual threads as TVM's cthread
         injection does (a copy of every tile per thread, each leaf for every thread in turn),
-        for the classic baseline (`classic.build`)."""
+        and load each micro-op kernel on its own as TVM's runtime does, for the classic
+        baseline (`classic.build`)."""
         op, machine = schedule.op, schedule.machine
         if op.dtype != "int8":
             raise LoweringError(f"{op}: VTA computes int8 x int8 -> int32 only; build the "
@@ -35,7 +36,8 @@ class VTABackend(Backend):
                                    keep_tiles=bool(a and b and a.keeps_tiles and b.keeps_tiles),
                                    share_tiles=bool(a and b and a.shares_tiles
                                                     and b.shares_tiles) and not cthreads,
-                                   thread_major=not cthreads)
+                                   thread_major=not cthreads, batch_uops=not cthreads,
+                                   split_tail=not cthreads)
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
 
     def measure(self, art: VTAArtifact):

@@ -19,6 +19,8 @@ The codegen reads the scheduled TIR (see `lowering.py`) in two passes:
    An input tile holds only the rows the GEMMs read (every stride-th row of a strided 1x1
    window, loaded at a multiple of the row pitch), and a LOAD of the region a buffer already
    holds is skipped (a weight tile staged under the output row loop is loaded once).
+   Micro-op kernels are loaded by one LOAD UOP per fill of the UOP buffer
+   (`_batch_uop_loads`), not one per kernel as TVM's runtime (and the classic program) does.
 
 Dependency tokens are then derived from what each instruction reads and writes in the
 scratchpads (`add_tokens`): a read after a write, or a write after a read, that crosses modules
@@ -41,7 +43,7 @@ from .isa import (Alu, AluOp, Deps, Finish, Gemm, Load, Mem, Store, encode, enco
                   format_insn, to_words)
 from .intrinsics import GEMM_EXTERN, RESET_EXTERN
 from .lowering import STAGES, VTHREADS
-from .timing import module_of
+from .timing import insn_cycles, module_of
 
 ENTRY_DIMS = {"inp": 1, "wgt": 2, "acc": 1}  # trailing buffer dims that make one entry
 MEM_OF = {"inp": Mem.INP, "wgt": Mem.WGT, "acc": Mem.ACC}
@@ -362,10 +364,12 @@ class _Insn:
 class _Emitter:
     def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool = False,
                  keep_tiles: bool = False, share_tiles: bool = False,
-                 thread_major: bool = True):
+                 thread_major: bool = True, batch_uops: bool = False,
+                 split_tail: bool = False):
         self.k, self.op, self.c = kernel, op, config
         self.row_pitch, self.keep_tiles = row_pitch, keep_tiles
         self.share_tiles, self.thread_major = share_tiles, thread_major
+        self.batch_uops, self.split_tail = batch_uops, split_tail
         # Where each thread's tile of a scratchpad buffer is, and what each slot holds: a
         # slot is (owning thread, pipeline slot); a shared tile sits in one thread's slot.
         self.where = {}  # scratchpad buffer -> {thread: the slot its reads find the tile in}
@@ -393,6 +397,8 @@ class _Emitter:
         self.scratch_zeroed = set()  # threads whose hazard-padding ACC entries are zeroed
         self.leafless = set()  # loops with no leaf below (a padding stage the DMA replaces)
         self._index(kernel.root)
+        self.epilogues_left = {}  # epilogue leaf -> its instances not emitted yet
+        self._count_epilogues(kernel.root, 1)
         self.depth = {"inp": config.inp_depth, "wgt": config.wgt_depth, "acc": config.acc_depth}
 
     # -- setup -------------------------------------------------------------------------------
@@ -419,6 +425,17 @@ class _Emitter:
                 if "bias" in ch.access:
                     self.bias_entries = max(self.bias_entries, self._bias_entries(ch))
         return found
+
+    def _count_epilogues(self, node, n):
+        """Add to `epilogues_left` the instances (one per loop value and thread) that walking
+        `node` `n` times emits of each epilogue leaf below it (see `walk`)."""
+        for ch in node.children:
+            leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
+            if leaf is not None:
+                if leaf.kind == "epilogue":
+                    self.epilogues_left[leaf] = self.epilogues_left.get(leaf, 0) + n
+            elif ch not in self.leafless:
+                self._count_epilogues(ch, n * ch.extent)
 
     def _bias_entries(self, leaf):
         idx = leaf.access["bias"][1][0]
@@ -505,6 +522,8 @@ class _Emitter:
         # FINISH reads what every STORE "writes": the run's results in DRAM, so that it waits
         # for the last STORE (the host reads DRAM as soon as FINISH executes).
         self.out.append(_Insn(Finish(), DONE, []))
+        if self.batch_uops:
+            self.out = _batch_uop_loads(self.out)
         insns = add_tokens(self.out)
         uops = (np.concatenate(self.uop_words) if self.uop_words
                 else np.zeros(0, np.uint32))
@@ -692,27 +711,54 @@ class _Emitter:
                        tid=tid, acc_hazard=True)
 
     def leaf_epilogue(self, leaf, env, tid):
-        c = self.c
+        """The epilogue's ALU operations on the accumulator tile, in place, then its STORE. The
+        program's last tile (`split_tail`) is done in pieces along its outermost dim, each
+        piece's STORE issued after that piece's ALU operations, so that only the last
+        piece's STORE is left when the compute module is done (`_tail_pieces`)."""
         buf, idx = leaf.access["acc"]
         _, dst = self.local(buf, idx, env, tid)
         lanes = [l for l in leaf.chain if not any(a.terms.get(l) for a in idx[:-1])]
         chain = [l for l in leaf.chain if l not in lanes]
-        bias_src = None
-        for step in self.op.epilogue.steps:  # in the order the user composed them
-            if step.kind == "bias":
-                if bias_src is None:
-                    bias_src = self._load_bias(leaf, env, tid, chain)
-                self.loop_insn(chain, [dst, bias_src, Aff()], lambda *a: Alu(*a[:8], AluOp.ADD),
-                               reads=[("acc", 0), ("acc", 1)], writes=[("acc", 0)])
-                continue
-            for alu_op, imm in _alu_ops(step):
-                self.loop_insn(chain, [dst, Aff(), Aff()],
-                               lambda *a, o=alu_op, i=imm: Alu(*a[:8], o, True, i),
-                               reads=[("acc", 0)], writes=[("acc", 0)])
         obuf, oidx = leaf.access["out"]
         _, _, _, shape, _ = self.tile(buf)
         origin = [a.at(env, leaf.chain) for a in oidx[:-1]]
-        self.dma(Store, Mem.OUT, obuf, obuf.name, origin, shape, dst.at({}), "acc", pad=False)
+        self.epilogues_left[leaf] -= 1
+        pieces = [({}, origin, shape)]
+        if self.split_tail and not any(self.epilogues_left.values()):
+            split = _tail_pieces(chain, oidx, dst, origin, shape)
+            # Worth it when the STORE it leaves exposed shrinks by more than the ALU
+            # instructions it adds take to start (one pipeline fill each).
+            ops = sum(1 if st.kind == "bias" else len(_alu_ops(st))
+                      for st in self.op.epilogue.steps)
+            if split and (self._store_cycles(obuf, origin, shape, dst.at({}))
+                          - self._store_cycles(obuf, split[-1][1], split[-1][2],
+                                               _fix(dst, split[-1][0]).at({}))
+                          > (len(split) - 1) * ops * self.c.pipeline_fill):
+                pieces = split
+        bias_src = None
+        for fix, at, part in pieces:
+            here = [l for l in chain if l not in fix]
+            d = _fix(dst, fix)
+            for step in self.op.epilogue.steps:  # in the order the user composed them
+                if step.kind == "bias":
+                    if bias_src is None:
+                        bias_src = self._load_bias(leaf, env, tid, chain)
+                    self.loop_insn(here, [d, _fix(bias_src, fix), Aff()],
+                                   lambda *a: Alu(*a[:8], AluOp.ADD),
+                                   reads=[("acc", 0), ("acc", 1)], writes=[("acc", 0)])
+                    continue
+                for alu_op, imm in _alu_ops(step):
+                    self.loop_insn(here, [d, Aff(), Aff()],
+                                   lambda *a, o=alu_op, i=imm: Alu(*a[:8], o, True, i),
+                                   reads=[("acc", 0)], writes=[("acc", 0)])
+            self.dma(Store, Mem.OUT, obuf, obuf.name, at, part, d.at({}), "acc", pad=False)
+
+    def _store_cycles(self, obuf, origin, shape, sram) -> int:
+        """Cycles of the STOREs of a tile at `sram` to `origin` of `obuf` (none is emitted)."""
+        out, self.out = self.out, []
+        self.dma(Store, Mem.OUT, obuf, obuf.name, origin, shape, sram, "acc", pad=False)
+        stores, self.out = self.out, out
+        return sum(insn_cycles(it.insn, self.c) for it in stores)
 
     def _load_bias(self, leaf, env, tid, chain) -> Aff:
         """LOAD ACC of the tile's bias entries to the end of this thread's acc share; the ALU
@@ -838,6 +884,57 @@ class _Emitter:
         return self.uop_cache[key]
 
 
+def _fix(form: Aff, values: dict) -> Aff:
+    """`form` with the loops in `values` set to their values."""
+    return Aff(form.const + sum(form.terms.get(l, 0) * v for l, v in values.items()),
+               {l: c for l, c in form.terms.items() if l not in values})
+
+
+def _tail_pieces(chain, oidx, dst, origin, shape):
+    """The last accumulator tile in pieces along its outermost loop of `chain`: per value,
+    (that loop fixed, the piece's origin in the output, its shape). A piece must be one
+    dense run of the tile: the loop walks the outermost output dim of the tile that is
+    longer than 1, one row per iteration, and the tile's ACC entries row-major. None where
+    it does not (the tile is then done whole)."""
+    lp = next((l for l in chain if l.extent > 1), None)
+    if lp is None:
+        return None
+    dims = [d for d, a in enumerate(oidx[:-1]) if a.terms.get(lp)]
+    if len(dims) != 1:
+        return None
+    (d,) = dims
+    if (oidx[d].terms[lp] != 1 or shape[d] != lp.extent or any(n != 1 for n in shape[:d])
+            or dst.terms.get(lp) != math.prod(shape[d + 1:])):
+        return None
+    part = [1 if e == d else n for e, n in enumerate(shape)]
+    return [({lp: v}, [o + v if e == d else o for e, o in enumerate(origin)], part)
+            for v in range(lp.extent)]
+
+
+def _batch_uop_loads(items: list[_Insn]) -> list[_Insn]:
+    """The LOAD UOPs of each fill of the UOP buffer (from one refill from the start to the
+    next, see `_Emitter.uop_kernel`) merged into one, issued where the fill's first LOAD was:
+    the kernels of a fill lie contiguously both in the buffer and in the uop segment, and
+    only the compute module (in program order) reads or writes the UOP buffer, so loading a
+    kernel before its turn changes nothing but the cost: one DMA row (dma_latency) per
+    fill instead of one per kernel."""
+    out, first = [], None
+    for it in items:
+        insn = it.insn
+        if not (isinstance(insn, Load) and insn.mem == Mem.UOP):
+            out.append(it)
+            continue
+        if insn.sram_base == 0:  # a new fill: its LOAD takes this one's place
+            first = len(out)
+            out.append(it)
+            continue
+        head = out[first].insn
+        n = insn.sram_base + insn.x_size
+        out[first] = _Insn(dataclasses.replace(head, y_size=1, x_size=n, x_stride=n), [],
+                           [("uop", 0, n)])
+    return out
+
+
 def _hazard_free(outer, inner, grid) -> bool:
     """Whether no uop execution of the instruction (iter_out, iter_in, kernel `grid`) writes
     the ACC entry that one of the two executions before it wrote: VTA's GEMM pipeline reads an
@@ -955,7 +1052,8 @@ _FIELD_HINTS = {
 
 def generate(func, op, config: VTAConfig, row_pitch: bool = False,
              keep_tiles: bool = False, share_tiles: bool = False,
-             thread_major: bool = True) -> Program:
+             thread_major: bool = True, batch_uops: bool = False,
+             split_tail: bool = False) -> Program:
     """The VTA program of a scheduled PrimFunc, every instruction checked to encode (a field
     that does not fit is a build error naming the field and what to change, not a failure of
     the first run). `row_pitch`: input tiles hold only the rows the GEMMs read (the input
@@ -964,9 +1062,12 @@ def generate(func, op, config: VTAConfig, row_pitch: bool = False,
     `share_tiles`: virtual threads that need the same region of a buffer at once read one
     copy of it (the movers' `shares_tiles`, see `_Emitter.leaf_copy`). `thread_major`: the
     copies of a step are issued thread by thread (see `_Emitter.walk`), else each copy for
-    every thread in turn, as TVM's virtual-thread injection does."""
+    every thread in turn, as TVM's virtual-thread injection does. `batch_uops`: one LOAD
+    UOP per fill of the UOP buffer (`_batch_uop_loads`), else one per kernel, as TVM's
+    runtime does. `split_tail`: the last accumulator tile's epilogue and STORE in pieces
+    (see `_Emitter.leaf_epilogue`)."""
     prog = _Emitter(read_tir(func), op, config, row_pitch, keep_tiles, share_tiles,
-                    thread_major).run()
+                    thread_major, batch_uops, split_tail).run()
     for k, insn in enumerate(prog.insns):
         try:
             encode(insn, config)
