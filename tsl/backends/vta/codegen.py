@@ -430,7 +430,7 @@ class _Emitter:
         """Add to `epilogues_left` the instances (one per loop value and thread) that walking
         `node` `n` times emits of each epilogue leaf below it (see `walk`)."""
         for ch in node.children:
-            leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
+            leaf = self._leaf(ch)
             if leaf is not None:
                 if leaf.kind == "epilogue":
                     self.epilogues_left[leaf] = self.epilogues_left.get(leaf, 0) + n
@@ -538,11 +538,11 @@ class _Emitter:
         i = 0
         while i < len(children):
             ch = children[i]
-            leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
+            leaf = self._leaf(ch)
             if self._copy_leaf(ch) is not None:
                 run = []
-                while i < len(children) and self._copy_leaf(children[i]) is not None:
-                    run.append(self.leaf_copy(self._copy_leaf(children[i]), envs))
+                while i < len(children) and (copy := self._copy_leaf(children[i])) is not None:
+                    run.append(self.leaf_copy(copy, envs))
                     i += 1
                 order = ([(t, r) for t, _ in envs for r in run] if self.thread_major
                          else [(t, r) for r in run for t, _ in envs])
@@ -572,8 +572,12 @@ class _Emitter:
                 for v in range(ch.extent):
                     self.walk(ch, [(t, {**env, ch: v}) for t, env in envs])
 
+    def _leaf(self, ch):
+        """The leaf `ch` is, or the one its chain of single loops ends in (None: a loop)."""
+        return ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
+
     def _copy_leaf(self, ch):
-        leaf = ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
+        leaf = self._leaf(ch)
         return leaf if leaf is not None and leaf.kind == "copy" else None
 
     # -- leaves ------------------------------------------------------------------------------
@@ -624,8 +628,9 @@ class _Emitter:
         (so that the next shared tile loads while this one is read); with more, the first
         thread's slots rotate as for its own tiles (fewer distinct slot addresses: fewer
         distinct micro-op kernels for the GEMMs that read them)."""
-        n = self.shared_fills.get(dst, 0) if len(group) > 1 and stages == 1 else 0
+        n = 0
         if len(group) > 1 and stages == 1:
+            n = self.shared_fills.get(dst, 0)
             self.shared_fills[dst] = n + 1
         owner = group[n % len(group)]
         count = self.fill_count.get((dst, owner), 0)
