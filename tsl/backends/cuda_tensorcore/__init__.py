@@ -38,9 +38,8 @@ class TensorCoreBackend(Backend):
     def check(self, schedule) -> None:
         """Refuse (ScheduleError) what the lowering cannot build: serial loops outside the
         grid, a split reduction outside the mma.sync path, a block with more threads than a
-        block may have, a WMMA epilogue tile over the
-        static shared memory limit, or a block the model's registers per thread would not let
-        onto an SM at all."""
+        block may have, a WMMA epilogue tile over the static shared memory limit, or a block
+        the model's registers per thread would not let onto an SM at all."""
         m = schedule.machine
         loops = schedule.loops
         first = next((i for i, lp in enumerate(loops) if lp.parallel), len(loops))
