@@ -211,18 +211,14 @@ def hbm_bytes(schedule, resident: int) -> int:
     cols = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) == "n")
     rows = math.prod(ext[a] // block[a] for a in ext if s.role_of(a) in ("m", "b"))
     a, b = (op.footprint(x, ext) * dtype_bytes(op.input(x).dtype) for x in ("A", "B"))
-    if s.split_parts > 1:
-        out, other = partial_bytes(s), 0  # the epilogue's inputs: read by the second kernel
-    else:
-        out = op.footprint("C", ext) * dtype_bytes(op.out_dtype)
-        other = sum(math.prod(t.shape) * dtype_bytes(t.dtype) for t in op.inputs
-                    if t.role not in ("A", "B"))
+    # A split reduction's GEMM kernel writes partial sums; its second kernel does the rest.
+    out = partial_bytes(s) if s.split_parts > 1 else output_bytes(s)
     # A split reduction's blocks are launched part by part (its loop is outermost in the
     # grid): a wave reads a part of the row and column panels of as many tiles.
     waves = math.ceil(s.split_parts * rows * cols / resident)
     per_wave = (min(rows, math.ceil(resident / cols)) * a / rows
                 + min(cols, resident) * b / cols) / s.split_parts
-    return int(max(a + b, min(a * cols + b * rows, waves * per_wave)) + out + other)
+    return int(max(a + b, min(a * cols + b * rows, waves * per_wave)) + out)
 
 
 def partial_bytes(schedule) -> int:
@@ -234,16 +230,18 @@ def partial_bytes(schedule) -> int:
     return s.split_parts * s.op.footprint("C", s.padded_extents()) * dtype_bytes(s.op.acc_dtype)
 
 
+def output_bytes(schedule) -> int:
+    """The padded output written, and the epilogue's other inputs (a bias) read."""
+    op = schedule.op
+    return (op.footprint("C", schedule.padded_extents()) * dtype_bytes(op.out_dtype)
+            + sum(math.prod(t.shape) * dtype_bytes(t.dtype) for t in op.inputs
+                  if t.role not in ("A", "B")))
+
+
 def sum_bytes(schedule) -> int:
     """What the second kernel of a split reduction moves: it reads the partial sums and the
     epilogue's other inputs (a bias), and writes the output (0 without a split)."""
-    s, op = schedule, schedule.op
-    if s.split_parts == 1:
-        return 0
-    out = op.footprint("C", s.padded_extents()) * dtype_bytes(op.out_dtype)
-    other = sum(math.prod(t.shape) * dtype_bytes(t.dtype) for t in op.inputs
-                if t.role not in ("A", "B"))
-    return partial_bytes(s) + out + other
+    return partial_bytes(schedule) + output_bytes(schedule) if schedule.split_parts > 1 else 0
 
 
 def price(schedule, instruction: str | None = None, regs: int | None = None,
