@@ -22,8 +22,9 @@ The model, for a schedule `s`:
   (the busiest unit sets the time: ceil(tiles / units)), slowed where one step of the
   innermost reduction updates fewer independent accumulator blocks than latency x issue rate
   needs, or loads their operands slower than they compute (`step_blocks`); zeroing each
-  accumulator tile (one primitive issue per block of it); the epilogue on the vector unit of
-  the accumulator's level (a clip is two operations).
+  accumulator tile (one primitive issue per block of it); where the core's own stores write
+  it back, one store per contiguous run of the output, up to a vector (`store_cycles`); the
+  epilogue on the vector unit of the accumulator's level (a clip is two operations).
 - **Overlap, explicit copies** (every tile in a managed level, copied by a mover: VTA, TPU):
   the program is played as its loop of accumulator tiles (`explicit_pipeline`): reset, the
   reduction steps (each loads its operand tiles and computes), epilogue, write-back, with
@@ -213,18 +214,21 @@ def _inner_ext(s: Schedule, at: Loop) -> dict[str, int]:
     return ext
 
 
-def tile_rows(s: Schedule, st: Stage, rows_used: bool = False) -> int:
+def tile_rows(s: Schedule, st: Stage, rows_used: bool = False,
+              packed: bool | None = None) -> int:
     """Contiguous rows of a staged tile in memory: the tile's dimensions outside the innermost
     one it does not cover whole. A packed operand keeps the primitive's block of its k (and n)
     axis innermost (the accumulator its n block), so that block is whole and the dims outside
     it set the rows. `rows_used`: the tile holds only the rows its window reads (a mover with
-    `row_pitch`); a strided dim is never part of a contiguous run, each of its rows is one."""
+    `row_pitch`); a strided dim is never part of a contiguous run, each of its rows is one.
+    `packed`: whether the tile is in the packed layout (default: as staged)."""
     ext = _inner_ext(s, st.at)
     dims = list(s.op.tile_shape(st.operand, ext, rows_used))
     strided = {dims[d][0] for d in s.op.strided_dims(st.operand, ext)} if rows_used else set()
     p = s.primitive
     # The accumulator is kept in the activations' layout: packed when A is.
-    packed = st.operand in s.packed or (st.operand == "C" and "A" in s.packed)
+    if packed is None:
+        packed = st.operand in s.packed or (st.operand == "C" and "A" in s.packed)
     if packed and p is not None:
         blocks = {"A": {"k": p.k}, "B": {"k": p.k, "n": p.n}, "C": {"n": p.n}}[st.operand]
         inner = []
@@ -388,6 +392,23 @@ def feed_efficiency(s: Schedule) -> float:
     return min(1.0, compute / load) if load else 1.0
 
 
+def store_cycles(s: Schedule, acc: Stage) -> float:
+    """Cycles of the stores that write accumulator tile `acc` back, per fill, where the
+    operands' mover (a core's load/store unit) carries it: one store per contiguous run of the
+    tile in the output's layout, up to a vector of the accumulator each; a run narrower than
+    the vector still takes a whole store (its lanes gathered from several registers, as NCHW
+    output written from vectors of channels is), so such a tile stores more often."""
+    p = s.primitive
+    mv = _mover(s, p.a_level, p.c_level)
+    if mv is None or not (mv.store_bytes_per_cycle or mv.bytes_per_cycle):
+        return 0.0
+    rows = tile_rows(s, acc, packed=False)  # the core stores straight into the output
+    lanes = p.m * p.n
+    stores = rows * math.ceil(acc.elements / rows / lanes)
+    return (stores * lanes * dtype_bytes(s.op.out_dtype)
+            / (mv.store_bytes_per_cycle or mv.bytes_per_cycle))
+
+
 def launch_cycles(s: Schedule) -> float:
     """Cycles spent starting parallel instances: each loop run over a compute level with a
     launch cost pays it once per iteration of the loops around it."""
@@ -406,14 +427,15 @@ def vector_ops(step) -> int:
 
 
 def compute_parts(s: Schedule) -> tuple[dict, float, list[str]]:
-    """({"primitive", "reset", "epilogue"}: cycles of each on the busiest unit, padded MACs,
-    notes). reset: zeroing each accumulator tile, one primitive issue per block of it;
-    epilogue: the fused steps on the vector unit of the accumulator's level."""
+    """({"primitive", "reset", "store", "epilogue"}: cycles of each on the busiest unit, padded
+    MACs, notes). reset: zeroing each accumulator tile, one primitive issue per block of it;
+    store: its write-back where the core's own stores do it (`store_cycles`); epilogue: the
+    fused steps on the vector unit of the accumulator's level."""
     m, p = s.machine, s.primitive
     padded = math.prod(s.padded_extents().values())
     units = busy_units(s)
     notes = []
-    parts = {"primitive": 0.0, "reset": 0.0, "epilogue": 0.0}
+    parts = {"primitive": 0.0, "reset": 0.0, "store": 0.0, "epilogue": 0.0}
     if p is None or not p.macs_per_cycle:
         return parts, padded, ["no primitive rate in the machine file: compute not modelled"]
     eff = issue_efficiency(s)
@@ -428,8 +450,9 @@ def compute_parts(s: Schedule) -> tuple[dict, float, list[str]]:
     acc = next((st for st in s.stages if st.operand == "C"), None)
     if acc is not None:
         issues = p.macs_per_cycle / (p.m * p.n * p.k)
-        parts["reset"] = (_fills(s, acc.at) * acc.elements / (p.m * p.n)
-                          / (issues * units))
+        fills = _fills(s, acc.at)
+        parts["reset"] = fills * acc.elements / (p.m * p.n) / (issues * units)
+        parts["store"] = fills * store_cycles(s, acc) / units
     vec = next((v for v in m.vectors if acc is not None and v.level == acc.level.name), None)
     ops = sum(vector_ops(step) for step in s.op.epilogue.steps)
     if vec is not None and ops and vec.ops_per_cycle:

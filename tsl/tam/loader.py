@@ -10,8 +10,8 @@ File format (every machine file in `machines/` is an example)::
     [[primitive]]    name, kind, m, n, k, a_dtype, b_dtype, acc_dtype, a_level, b_level, c_level,
                      layout_a, layout_b, macs_per_cycle, latency, issued_by, instruction,
                      intrinsic, scratch
-    [[mover]]        name, src, dst, dims, padding, bytes_per_cycle, latency, serial_rows,
-                     row_pitch, keeps_tiles, shares_tiles
+    [[mover]]        name, src, dst, dims, padding, bytes_per_cycle, store_bytes_per_cycle,
+                     latency, serial_rows, row_pitch, keeps_tiles, shares_tiles
     [[vector]]       name, level, lanes, ops, dtypes, ops_per_cycle
 
 Capacities are integers of bytes or strings such as "32 KiB". A memory level's parent defaults
@@ -191,8 +191,8 @@ class _Parser:
     def mover(self, i: int, raw: Any, levels: set[str]) -> Mover:
         kw = self.fields(f"mover #{i}", raw, Mover, {
             "name": _str, "src": _str, "dst": _str, "dims": _pos_int, "padding": _bool,
-            "bytes_per_cycle": _nonneg_float, "latency": _nonneg_int,
-            "serial_rows": _bool, "row_pitch": _bool, "keeps_tiles": _bool,
+            "bytes_per_cycle": _nonneg_float, "store_bytes_per_cycle": _nonneg_float,
+            "latency": _nonneg_int, "serial_rows": _bool, "row_pitch": _bool, "keeps_tiles": _bool,
             "shares_tiles": _bool})
         for key in ("src", "dst"):
             if kw[key] not in levels:

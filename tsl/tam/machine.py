@@ -130,6 +130,9 @@ class Mover:
     # split the output rows) read one copy of it, loaded once into one thread's part of the
     # buffer, instead of one copy per thread (the VTA codegen compares the threads' LOADs).
     shares_tiles: bool = False
+    # Bytes per cycle the other way, dst -> src (a core's stores: one port where loads have
+    # two); 0: as bytes_per_cycle.
+    store_bytes_per_cycle: float = 0.0
 
 
 @dataclass(frozen=True)
