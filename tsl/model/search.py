@@ -30,6 +30,7 @@ from .estimate import Estimate
 EXHAUSTIVE = 384  # spaces up to this many combinations are searched whole
 SAMPLE = 128  # random combinations drawn to seed the descent of a larger space
 STARTS = 6  # descents started from the best of them
+WARM = 3  # best settings of one split's search that seed the next split's
 
 
 def record_fixed(op, machine, fn: Callable, knobs: dict | None) -> Schedule:
@@ -146,11 +147,13 @@ class _Search:
 
 
 def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,
-           check: Callable | None = None, effort: float = 1.0) -> Choice:
+           check: Callable | None = None, effort: float = 1.0,
+           starts: tuple[dict, ...] = ()) -> Choice:
     """Price the knob space of `fn` for `op` on `machine` with the knobs in `fixed` held;
     every candidate found, best (fastest under the model) first. `check(schedule)` raises
     ScheduleError for a setting the back end cannot lower (its limits beyond the TAM's).
-    `effort` scales the random sample and the descents started from it."""
+    `effort` scales the random sample and the descents started from it; `starts`: settings
+    priced with the sample (the best of a neighbouring search), so a descent may start there."""
     srch = _Search(op, machine, fn, fixed, check)
     base = srch.price({})
     space = dict(base.schedule.space) if base else _discover(srch)
@@ -165,22 +168,28 @@ def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,
             # Knobs that refine the others' setting (a split of the reduction): the others
             # are searched once per value of these, each value with the space it records
             # (drawn from the joint space, most samples would not fit together).
+            warm: tuple[dict, ...] = ()
             for i, combo in enumerate(itertools.product(*(space[n] for n in later))):
-                try:  # the first values (no split) in full, the others with a quarter
+                try:  # the first values (no split) in full; the others with an eighth, from
+                    # the best settings of the values before as well as their own sample
                     sub = search(op, machine, fn, {**srch.fixed, **dict(zip(later, combo))},
-                                 seed, check, effort if i == 0 else effort / 4)
+                                 seed, check, effort if i == 0 else effort / 8, warm)
                 except ScheduleError:  # nothing fits with these values
                     continue
+                warm = tuple(c.knobs for c in sub.candidates[:WARM])
                 for c in sub.candidates:
                     srch.seen.setdefault(srch.key(c.knobs), c)
                 srch.refused += sub.refused
         else:
             rng = random.Random(seed)
+            warm = [srch.price({n: v for n, v in knobs.items() if n in free})
+                    for knobs in starts]
+            warm = sorted((c for c in warm if c is not None), key=lambda c: c.estimate.seconds)
             for _ in range(max(1, round(SAMPLE * effort))):
                 srch.price({n: rng.choice(space[n]) for n in free})
             ranked = sorted((c for c in srch.seen.values() if c is not None),
                             key=lambda c: c.estimate.seconds)
-            for start in ranked[:max(1, round(STARTS * effort))]:
+            for start in ranked[:max(1, round(STARTS * effort))] + warm[:1]:
                 srch.descend(start)
     found = {}
     for c in srch.seen.values():
