@@ -10,8 +10,9 @@ coordinate descent (every value of one knob at a time, from the space the curren
 records; a move that does not fit is retried with one other knob a step smaller; then every
 change of two integer knobs that keeps their product) until no move improves. Knobs declared
 `refines=True` (a split of the reduction) are not drawn: the others are searched so once per
-value of them, in the space that value records (in full for the first value, with a quarter
-of the samples and starts for the others).
+value of them, in the space that value records (in full for the first value; the others with
+an eighth of the samples and starts, each also descending from the best setting of the value
+before it).
 """
 
 from __future__ import annotations
