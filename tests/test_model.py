@@ -105,6 +105,25 @@ def test_a_write_back_across_the_output_layout_stores_each_run(layout):
         assert parts[2] == parts[4] == pytest.approx(tiles * 8 * vector_store / units, rel=0.01)
 
 
+def test_a_cache_moves_whole_lines_unless_the_next_fill_reads_on_along_them():
+    """Seven stacked output rows of a 3x3 stride-2 window read, per input channel, 15 input
+    rows of 3 pixels: in NCHW each row is a line of its own (the next channel is another
+    plane); in NHWC the next channel is the next element of the same lines, so the element
+    bytes stand."""
+    m = tsl.load_machine("x86-avx2")
+    knobs = dict(h_inner=7, w_inner=1, co_inner=1, co_outer=1, ci_inner=1, reduce_rows=True,
+                 parallel_axes="co", stages=1)
+    got = {}
+    for layout in ("NCHW", "NHWC"):
+        op = tsl.ops.conv2d(1, 256, 14, 14, 64, 3, 3, stride=2, padding=1, layout=layout)
+        s = tsl.schedule(op, m, knobs=knobs)
+        a = next(st for st in s.stages if st.operand == "A" and st.level.name == "l1")
+        got[layout] = model.cost.cache_reuse(s, a)
+    assert got["NCHW"][0] == got["NHWC"][0]
+    assert got["NHWC"][1] == 15 * 3 * 4
+    assert got["NCHW"][1] == 14 * 64  # the 14 rows of the input (the 15th is padding)
+
+
 def test_one_estimate_type_on_every_back_end():
     op = tsl.ops.matmul(128, 128, 128, dtype="int8")
     vta_est = tsl.build(tsl.ops.dense(4, 64, 32, dtype="int8", epilogue=EP), "vta").estimate()

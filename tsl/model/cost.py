@@ -13,7 +13,8 @@ The model, for a schedule `s`:
   one that `shares_tiles` loads a region the virtual threads all need once for all), times
   the tile's bytes (a mover with `row_pitch` copies only the rows a strided window reads). An
   accumulator tile is written back, in the output's dtype, once per fill. A hardware cache
-  (managed = false) is modelled the same way: the traffic its tile sizes imply.
+  (managed = false) is modelled the same way: the traffic its tile sizes imply, in whole lines
+  (`line_bytes`) where consecutive fills do not read on along the same lines.
 - **Time of a data path.** Transfers are grouped by the level they come from (their parent):
   per fill, the mover's latency (per row when its rows are serial) plus bytes over the level's
   bandwidth, the fills spread over the parallel units; a parent shared by all units (DRAM)
@@ -21,10 +22,11 @@ The model, for a schedule `s`:
 - **Compute.** The padded MACs at the primitive's rate over the parallel units actually busy
   (the busiest unit sets the time: ceil(tiles / units)), slowed where one step of the
   innermost reduction updates fewer independent accumulator blocks than latency x issue rate
-  needs, or loads their operands slower than they compute (`step_blocks`); zeroing each
-  accumulator tile (one primitive issue per block of it); where the core's own stores write
-  it back, one store per contiguous run of the output, up to a vector (`store_cycles`); the
-  epilogue on the vector unit of the accumulator's level (a clip is two operations).
+  needs, or loads their operands slower than they compute (`step_blocks`), the two stalls
+  adding up where both occur; zeroing each accumulator tile (one primitive issue per block of
+  it); where the core's own stores write it back, one store per contiguous run of the output,
+  up to a vector (`store_cycles`); the epilogue on the vector unit of the accumulator's level
+  (a clip is two operations).
 - **Overlap, explicit copies** (every tile in a managed level, copied by a mover: VTA, TPU):
   the program is played as its loop of accumulator tiles (`explicit_pipeline`): reset, the
   reduction steps (each loads its operand tiles and computes), epilogue, write-back, with
@@ -192,8 +194,32 @@ def cache_reuse(s: Schedule, st: Stage, lv: MemoryLevel | None = None) -> tuple[
             break
         pos = p
     fills = math.prod(lp.extent for lp in s.loops[:pos])
-    return fills, math.ceil(s.op.footprint(st.operand, _ext_from(s, pos))
-                            * dtype_bytes(st.dtype))
+    ext = _ext_from(s, pos)
+    nbytes = s.op.footprint(st.operand, ext) * dtype_bytes(st.dtype)
+    return fills, math.ceil(max(nbytes, line_bytes(s, st, lv, ext, pos)))
+
+
+def line_bytes(s: Schedule, st: Stage, lv: MemoryLevel, ext: dict, pos: int) -> float:
+    """Bytes of whole lines (the cache's `alignment`) that the tile of `st` over `ext` touches:
+    each contiguous run of it in memory (`layout_dims`) rounded up to lines (the rows of an
+    NCHW window each come in as a line, however few of its pixels the tile reads) — unless the
+    loop just outside (the innermost of more than one iteration before `pos`) steps along the
+    dim the runs lie in, so that consecutive fills read on along the same lines (NHWC's
+    channels, packed weights): then 0, the element bytes stand."""
+    line = lv.alignment
+    dims = layout_dims(s, st, ext)
+    if line <= 1 or not dims:
+        return 0.0
+    run, runs, along = 1, 1, None
+    for i in range(len(dims) - 1, -1, -1):
+        run *= min(dims[i][1], dims[i][2])
+        if dims[i][1] < dims[i][2]:
+            runs, along = math.prod(min(t, f) for _, t, f in dims[:i]), dims[i][0]
+            break
+    outer = next((lp for lp in reversed(s.loops[:pos]) if lp.extent > 1), None)
+    if outer is not None and any(p.axes[0] == along for p in outer.parts or (outer,)):
+        return 0.0
+    return runs * math.ceil(run * dtype_bytes(st.dtype) / line) * line
 
 
 def hidden_fraction(s: Schedule, st: Stage) -> float:
@@ -214,31 +240,40 @@ def _inner_ext(s: Schedule, at: Loop) -> dict[str, int]:
     return ext
 
 
-def tile_rows(s: Schedule, st: Stage, rows_used: bool = False,
-              packed: bool | None = None) -> int:
-    """Contiguous rows of a staged tile in memory: the tile's dimensions outside the innermost
-    one it does not cover whole. A packed operand keeps the primitive's block of its k (and n)
-    axis innermost (the accumulator its n block), so that block is whole and the dims outside
-    it set the rows. `rows_used`: the tile holds only the rows its window reads (a mover with
-    `row_pitch`); a strided dim is never part of a contiguous run, each of its rows is one.
-    `packed`: whether the tile is in the packed layout (default: as staged)."""
-    ext = _inner_ext(s, st.at)
+def layout_dims(s: Schedule, st: Stage, ext: dict, rows_used: bool = False,
+                packed: bool | None = None) -> list[tuple[str, int, int]]:
+    """(axis, tile, full) of each dim of the tile of `st` over `ext`, outermost first in
+    memory: the operator's layout, where packed with the primitive's block of its k (and n)
+    axis innermost (the accumulator its n block). `packed`: whether the tile is in the packed
+    layout (default: as staged; the accumulator is kept in the activations' layout, packed
+    when A is)."""
     dims = list(s.op.tile_shape(st.operand, ext, rows_used))
-    strided = {dims[d][0] for d in s.op.strided_dims(st.operand, ext)} if rows_used else set()
     p = s.primitive
-    # The accumulator is kept in the activations' layout: packed when A is.
     if packed is None:
         packed = st.operand in s.packed or (st.operand == "C" and "A" in s.packed)
     if packed and p is not None:
         blocks = {"A": {"k": p.k}, "B": {"k": p.k, "n": p.n}, "C": {"n": p.n}}[st.operand]
         inner = []
         for i, (axis, tile, full) in enumerate(dims):
-            b = blocks.get(s.role_of(axis))
-            if b and tile % b == 0:
+            b = blocks.get(s.role_of(axis), 1)
+            if b > 1 and tile % b == 0:
                 # Packing pads the dim to whole blocks (24 channels are two blocks of 16).
                 dims[i] = (axis, tile // b, -(-full // b))
                 inner.append((axis, b, b))
         dims += inner
+    return dims
+
+
+def tile_rows(s: Schedule, st: Stage, rows_used: bool = False,
+              packed: bool | None = None) -> int:
+    """Contiguous rows of a staged tile in memory (`layout_dims`): the tile's dimensions
+    outside the innermost one it does not cover whole. `rows_used`: the tile holds only the
+    rows its window reads (a mover with `row_pitch`); a strided dim is never part of a
+    contiguous run, each of its rows is one."""
+    ext = _inner_ext(s, st.at)
+    dims = layout_dims(s, st, ext, rows_used, packed)
+    strided = ({dims[d][0] for d in s.op.strided_dims(st.operand, ext)} if rows_used
+               else set())
     rows = 1
     for i in range(len(dims) - 1, -1, -1):
         if dims[i][0] in strided and dims[i][1] > 1:
@@ -440,7 +475,11 @@ def compute_parts(s: Schedule) -> tuple[dict, float, list[str]]:
         return parts, padded, ["no primitive rate in the machine file: compute not modelled"]
     eff = issue_efficiency(s)
     feed = feed_efficiency(s)
-    parts["primitive"] = padded / (p.macs_per_cycle * units * min(eff, feed))
+    # Both stalls hold back the same issue of the primitive, and what each adds to its time
+    # adds up: a 7-vector tile of 7 broadcasts, short of accumulators and of load slots alike
+    # (87.5% each), ran 10-13% slower than a padded 4 x 2 tile (87.5% of its MACs useful) on
+    # conv C9 and C10, where taking the smaller of the two ranked them equal.
+    parts["primitive"] = padded / (p.macs_per_cycle * units) * (1 / eff + 1 / feed - 1)
     if eff < 1 and eff <= feed:
         notes.append(f"accumulator tile too small to hide the primitive's latency: "
                      f"{100 * eff:.0f}% of its rate")
