@@ -12,8 +12,7 @@ import numpy as np
 
 from ..errors import ScheduleError
 from .epilogue import as_epilogue, bias as bias_step
-from .operator import (Axis, Operator, Tensor, acc_numpy, check_dims, check_dtypes, finish,
-                       np_dtype)
+from .operator import Axis, Operator, Tensor, acc_numpy, check_dims, check_dtypes, finish
 
 
 def _inputs_with_bias(inputs, epilogue, n: int, acc: str):
@@ -57,7 +56,7 @@ def _a_stage(A, a_dtype, op_dtype):
 
 def _gemm_te(name, dtype, acc, epilogue, batch, M, N, K, transpose_b, chan_axis):
     def build(a_dtype, b_dtype):
-        from tvm import te, tirx
+        from tvm import te
 
         bshape = (batch,) if batch else ()
         A = te.placeholder(bshape + (M, K), dtype, name="A")

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ScheduleError
-from .epilogue import Epilogue, as_epilogue
+from .epilogue import Epilogue
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 INT_DTYPES = ("int8",)

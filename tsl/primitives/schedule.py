@@ -13,7 +13,7 @@ change>``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
 from ..ops.operator import Operator

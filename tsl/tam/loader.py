@@ -185,7 +185,7 @@ class _Parser:
                 raise self.err(t, key, f"names memory level {kw[key]!r}, which this machine "
                                f"does not have; levels are {sorted(levels)}")
         if "issued_by" in kw and kw["issued_by"] not in {c.name for c in compute}:
-            raise self.err(t, "issued_by", f"names no compute level")
+            raise self.err(t, "issued_by", "names no compute level")
         return TensorPrimitive(**kw)
 
     def mover(self, i: int, raw: Any, levels: set[str]) -> Mover:

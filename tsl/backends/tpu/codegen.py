@@ -742,7 +742,6 @@ def _vars(e) -> list:
 
 def _loads(e) -> list:
     import tvm_ffi
-    from tvm import tirx
 
     found: list = []
     tvm_ffi.structural_walk(e, [(_Load(), lambda x: found.append(x))], order="pre")

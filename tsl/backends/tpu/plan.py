@@ -298,8 +298,6 @@ def _leaves(func) -> list[_Leaf]:
 def gemm_plan(func, op, tsl_op) -> Plan:
     """The Pallas kernel of a scheduled GEMM (matmul, batch_matmul, dense): see the module
     docstring. `op` is the padded operator the TIR computes, `tsl_op` the user's."""
-    from tvm import tirx
-
     from .codegen import _Load, _param_buffers, _shape
 
     *ins, out = _param_buffers(func)
@@ -327,7 +325,6 @@ def gemm_plan(func, op, tsl_op) -> Plan:
     names = [f.loop_var.name for f in grid_loops]
     wb = writes[0]
     out_vars = set().union(*(_vars(e) for e in wb.block.body.indices))
-    unit = copies[a_buf].unit | wb.unit
     grid = tuple(Axis(f.loop_var.name, int(f.extent),
                       "parallel" if PARALLEL_ATTR in f.annotations else "arbitrary",
                       f.loop_var.name not in out_vars) for f in grid_loops)

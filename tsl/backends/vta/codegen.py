@@ -650,7 +650,6 @@ class _Emitter:
         at steps[y] times the buffer's row pitch); the remaining dims make one DMA each. Rows
         or columns outside the buffer become zero padding (loads only)."""
         gshape = [int(d) for d in gbuf.shape]
-        e = len(gshape) - len(shape)
         entry = math.prod(gshape[len(shape):])
         nd = len(shape)
         steps = steps or [1] * nd
