@@ -185,18 +185,19 @@ def cache_reuse(s: Schedule, st: Stage, lv: MemoryLevel | None = None) -> tuple[
     one reuse it for free."""
     lv = lv or st.level
     nominal = s.loops.index(st.at) + 1
-    pos = nominal
-    for p in range(nominal, -1, -1):
-        ext = _ext_from(s, p)
-        need = sum(s.op.footprint(o, ext) * dtype_bytes(_dtype(s, o))
-                   for o in lv.holds if o != "C" or any(x.operand == "C" for x in s.stages))
-        if need > lv.capacity:
+    held = [(o, dtype_bytes(_dtype(s, o))) for o in lv.holds
+            if o != "C" or any(x.operand == "C" for x in s.stages)]
+    ext = _ext_from(s, nominal)
+    pos, fit = nominal, dict(ext)
+    for p in range(nominal - 1, -1, -1):  # one loop more around the tile each time
+        for part in s.loops[p].parts or (s.loops[p],):
+            ext[part.axes[0]] *= part.extent
+        if sum(s.op.footprint(o, ext) * b for o, b in held) > lv.capacity:
             break
-        pos = p
+        pos, fit = p, dict(ext)
     fills = math.prod(lp.extent for lp in s.loops[:pos])
-    ext = _ext_from(s, pos)
-    nbytes = s.op.footprint(st.operand, ext) * dtype_bytes(st.dtype)
-    return fills, math.ceil(max(nbytes, line_bytes(s, st, lv, ext, pos)))
+    nbytes = s.op.footprint(st.operand, fit) * dtype_bytes(st.dtype)
+    return fills, math.ceil(max(nbytes, line_bytes(s, st, lv, fit, pos)))
 
 
 def line_bytes(s: Schedule, st: Stage, lv: MemoryLevel, ext: dict, pos: int) -> float:
