@@ -211,6 +211,8 @@ def line_bytes(s: Schedule, st: Stage, lv: MemoryLevel, ext: dict, pos: int) -> 
     dims = layout_dims(s, st, ext)
     if line <= 1 or not dims:
         return 0.0
+    # As `tile_rows`, but a tile wider than its dim (zero padding) covers it: the cache holds
+    # the source's lines, where a DMA's destination tile has rows of the tile's width.
     run, runs, along = 1, 1, None
     for i in range(len(dims) - 1, -1, -1):
         run *= min(dims[i][1], dims[i][2])
@@ -436,13 +438,13 @@ def store_cycles(s: Schedule, acc: Stage) -> float:
     output written from vectors of channels is), so such a tile stores more often."""
     p = s.primitive
     mv = _mover(s, p.a_level, p.c_level)
-    if mv is None or not (mv.store_bytes_per_cycle or mv.bytes_per_cycle):
+    bandwidth = (mv.store_bytes_per_cycle or mv.bytes_per_cycle) if mv is not None else 0.0
+    if not bandwidth:
         return 0.0
     rows = tile_rows(s, acc, packed=False)  # the core stores straight into the output
     lanes = p.m * p.n
     stores = rows * math.ceil(acc.elements / rows / lanes)
-    return (stores * lanes * dtype_bytes(s.op.out_dtype)
-            / (mv.store_bytes_per_cycle or mv.bytes_per_cycle))
+    return stores * lanes * dtype_bytes(s.op.out_dtype) / bandwidth
 
 
 def launch_cycles(s: Schedule) -> float:

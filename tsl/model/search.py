@@ -183,14 +183,18 @@ def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,
                 srch.refused += sub.refused
         else:
             rng = random.Random(seed)
-            warm = [srch.price({n: v for n, v in knobs.items() if n in free})
-                    for knobs in starts]
-            warm = sorted((c for c in warm if c is not None), key=lambda c: c.estimate.seconds)
+            seeded = [c for c in (srch.price({n: v for n, v in knobs.items() if n in free})
+                                  for knobs in starts) if c is not None]
             for _ in range(max(1, round(SAMPLE * effort))):
                 srch.price({n: rng.choice(space[n]) for n in free})
             ranked = sorted((c for c in srch.seen.values() if c is not None),
                             key=lambda c: c.estimate.seconds)
-            for start in ranked[:max(1, round(STARTS * effort))] + warm[:1]:
+            tops = ranked[:max(1, round(STARTS * effort))]
+            # The best of the seeded settings descends too, unless the sample's best is it.
+            best_seed = min(seeded, key=lambda c: c.estimate.seconds, default=None)
+            if best_seed is not None and all(best_seed is not c for c in tops):
+                tops.append(best_seed)
+            for start in tops:
                 srch.descend(start)
     found = {}
     for c in srch.seen.values():
