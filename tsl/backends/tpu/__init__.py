@@ -38,6 +38,7 @@ class TPUBackend(Backend):
         """Limits beyond the TAM, for the model's knob search: the arrays within HBM, the
         schedule's tiles and the kernel it becomes within the scoped VMEM budget, the kernel's
         grid within what the model walks (`model.MAX_STEPS`)."""
+        schedule.op.epilogue.require(("bias", "relu", "shift", "clip"), "the TPU back end")
         check_tensorized(schedule)
         check_hbm(schedule)
         check_vmem(schedule)
@@ -50,6 +51,7 @@ class TPUBackend(Backend):
             raise TypeError(f"the TPU back end takes only emitter=, got {sorted(options)}")
         if emitter not in EMITTERS:
             raise ScheduleError(f"emitter={emitter!r}: the TPU back end emits {EMITTERS}")
+        schedule.op.epilogue.require(("bias", "relu", "shift", "clip"), "the TPU back end")
         check_tensorized(schedule)
         check_hbm(schedule)
         if emitter == "stablehlo":
