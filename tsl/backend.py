@@ -54,7 +54,9 @@ class Backend(ABC):
     - `check(schedule)` -> raises ScheduleError for what it cannot lower beyond the TAM;
     - `measure(artifact)` -> an `Estimate` of one run: measured time (kind "measured"),
       simulated cycles ("simulated"), or, where nothing here can run it, the model ("model");
-    - `suite(quick)` -> the operators `python -m tsl.bench` runs on it.
+    - `suite(quick)` -> the operators `python -m tsl.bench` runs on it;
+    - `tvm_target(machine)` -> the TVM Target a Relax model is compiled with for `machine`
+      (what `tsl.relax` asks, so the bridge names no back end).
 
     A back end imports nothing above this layer (no tsl.build, tsl.tune or tsl.bench).
     """
@@ -103,6 +105,12 @@ class Backend(ABC):
     def suite(self, quick: bool) -> list:
         """The operators of this back end's rows in `python -m tsl.bench` (quick: a few)."""
         return []
+
+    def tvm_target(self, machine: Machine):
+        """The TVM Target to compile a whole Relax model with for `machine`, so that tsl's
+        kernels and TVM's own code both use the machine's instructions."""
+        raise BackendUnavailable(f"machine {machine.name} ({self.name}) is not compiled through "
+                                 f"TVM's Relax pipeline")
 
 
 def _load_ref(ref: str) -> Backend:

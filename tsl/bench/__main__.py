@@ -149,14 +149,30 @@ def main(argv=None) -> int:
     ap.add_argument("--vs-metaschedule", action="store_true", help="tsl.tune and TVM "
                     "MetaSchedule side by side, N trials each (see tsl/bench/metaschedule.py)")
     ap.add_argument("--models", action="store_true", help="whole models through tsl.relax "
-                    "instead (ResNet-18, BERT layer: tsl vs TVM vs PyTorch; int8 ResNet-18; "
-                    "Tensor Core compile); with --quick, their small configurations")
+                    "instead: torchvision ResNet-18 / MobileNetV2 and a BERT-base encoder layer "
+                    "imported through TVM's torch and ONNX frontends vs PyTorch and ONNX Runtime "
+                    "(each alone in its own process; needs the peers extra), then the project's "
+                    "own models (ResNet-18, BERT layer, int8 ResNet-18, Tensor Core compile); "
+                    "with --quick, only the project's own small configurations")
+    ap.add_argument("--profile", action="store_true", help="with --models: tsl's time per "
+                    "function of each imported model (tsl kernels vs the rest)")
+    ap.add_argument("--frontends", default="torch,onnx", help="with --models: torch, onnx")
+    ap.add_argument("--only", help="with --models: comma-separated imported models "
+                    "(resnet18, mobilenet_v2, encoder); 'none' skips them")
     args = ap.parse_args(argv)
     if args.realtime:
         timing.request()
     if args.models:
         from .models import main as models_main
 
+        if not args.quick and args.only != "none":
+            from . import imported
+
+            json_path = args.json and args.json.replace(".json", "") + ".imported.json"
+            imported.main(args.only.split(",") if args.only else None,
+                          tuple(args.frontends.split(",")), args.profile, json_path)
+            if args.only:
+                return 0
         return models_main(args.quick, args.json)
     if bool(args.tune) != args.vs_metaschedule:
         ap.error("--tune N and --vs-metaschedule go together (the trial budget of each tuner)")

@@ -15,15 +15,24 @@ from .epilogue import as_epilogue, bias as bias_step
 from .operator import Axis, Operator, Tensor, acc_numpy, check_dims, check_dtypes, finish
 
 
-def _inputs_with_bias(inputs, epilogue, n: int, acc: str):
-    if epilogue.has_bias:
-        inputs = inputs + (Tensor("bias", (n,), acc, "bias"),)
-    return inputs
+def _with_operands(inputs, epilogue, n: int, out_shape: tuple, acc: str):
+    """The operator's inputs: A, B, then one per epilogue operand (`Epilogue.operands`)."""
+    return inputs + tuple(Tensor(name, shape, dtype, name) for name, shape, dtype
+                          in epilogue.operand_tensors(n, out_shape, acc))
 
 
-def _te_tail(C, epilogue, acc, out_shape, chan, bias_t, comp):
+def _operand_placeholders(epilogue, n: int, out_shape: tuple, acc: str) -> list:
+    from tvm import te
+
+    return [te.placeholder(shape, dtype, name=name)
+            for name, shape, dtype in epilogue.operand_tensors(n, out_shape, acc)]
+
+
+def _te_tail(C, epilogue, acc, out_shape, chan, operands, comp):
     """Everything after the reduction block "C" as one element-wise block named "out": the
-    unsigned-A compensation (`comp`, see `Operator.compensation`) and the epilogue."""
+    unsigned-A compensation (`comp`, see `Operator.compensation`) and the epilogue, reading
+    the operand placeholders `operands` (channel vectors at the channel index, residuals at
+    the output element)."""
     from tvm import te
 
     if not epilogue.steps and comp is None:
@@ -31,9 +40,16 @@ def _te_tail(C, epilogue, acc, out_shape, chan, bias_t, comp):
 
     def body(*idx):
         v = C[idx] if comp is None else C[idx] + comp[idx[chan]]
-        return epilogue.te(v, bias_t[idx[chan]] if bias_t is not None else None, acc)
+        vals = {name: (t[idx[chan]] if step.operand == "channel" else t[idx])
+                for (name, step), t in zip(epilogue.operands, operands)}
+        return epilogue.te(v, vals, acc)
 
     return te.compute(out_shape, body, name="out")
+
+
+def _operand_arrays(epilogue, rest) -> dict:
+    """The operand arrays of a reference call, by name, from the arrays after A and B."""
+    return {name: x for (name, _), x in zip(epilogue.operands, rest)}
 
 
 def _a_stage(A, a_dtype, op_dtype):
@@ -62,7 +78,7 @@ def _gemm_te(name, dtype, acc, epilogue, batch, M, N, K, transpose_b, chan_axis)
         A = te.placeholder(bshape + (M, K), dtype, name="A")
         B = te.placeholder(bshape + ((N, K) if transpose_b else (K, N)), b_dtype or dtype,
                            name="B")
-        bias_t = te.placeholder((N,), acc, name="bias") if epilogue.has_bias else None
+        operands = _operand_placeholders(epilogue, N, bshape + (M, N), acc)
         Aq, shifted = _a_stage(A, a_dtype, dtype)
         k = te.reduce_axis((0, K), name="k")
 
@@ -80,8 +96,8 @@ def _gemm_te(name, dtype, acc, epilogue, batch, M, N, K, transpose_b, chan_axis)
             return te.sum(Aq[bidx + (i, k)].astype(acc) * b_at(bidx, k, j).astype(acc), axis=k)
 
         C = te.compute(bshape + (M, N), c, name="C")
-        out = _te_tail(C, epilogue, acc, bshape + (M, N), chan_axis, bias_t, comp)
-        args = [A, B] + ([bias_t] if bias_t is not None else []) + ([comp] if shifted else [])
+        out = _te_tail(C, epilogue, acc, bshape + (M, N), chan_axis, operands, comp)
+        args = [A, B] + operands + ([comp] if shifted else [])
         args.append(out)
         return args
     return build
@@ -93,7 +109,7 @@ def _gemm_ref(dtype, acc, epilogue, transpose_b):
         if transpose_b:
             b64 = np.swapaxes(b64, -1, -2)
         c = finish(np.matmul(a64, b64), acc)
-        return epilogue.numpy(c, rest[0] if rest else None, -1)
+        return epilogue.numpy(c, _operand_arrays(epilogue, rest), -1)
     return ref
 
 
@@ -105,7 +121,7 @@ def _gemm(name, M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=0):
     bshape = (batch,) if batch else ()
     inputs = (Tensor("A", bshape + (M, K), dtype, "A"),
               Tensor("B", bshape + ((N, K) if transpose_b else (K, N)), dtype, "B"))
-    inputs = _inputs_with_bias(inputs, ep, N, acc)
+    inputs = _with_operands(inputs, ep, N, bshape + (M, N), acc)
     axes = ((Axis("b", batch, "b"),) if batch else ()) + (
         Axis("i", M, "m"), Axis("j", N, "n"), Axis("k", K, "k"))
     shape = bshape + (M, N, K)
@@ -174,8 +190,8 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
     wshape = (K, C, R, S) if nchw else (R, S, C, K)
     oshape = (N, K, P, Q) if nchw else (N, P, Q, K)
     chan = 1 if nchw else 3
-    inputs = _inputs_with_bias((Tensor("A", dshape, dtype, "A"), Tensor("B", wshape, dtype, "B")),
-                               ep, K, acc)
+    inputs = _with_operands((Tensor("A", dshape, dtype, "A"), Tensor("B", wshape, dtype, "B")),
+                            ep, K, oshape, acc)
     if nchw:
         axes = (Axis("n", N, "m"), Axis("co", K, "n"), Axis("oh", P, "m"), Axis("ow", Q, "m"),
                 Axis("ci", C, "k"), Axis("r", R, "k"), Axis("s", S, "k"))
@@ -188,7 +204,7 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
 
         A = te.placeholder(dshape, dtype, name="A")
         Wt = te.placeholder(wshape, b_dtype or dtype, name="B")
-        bias_t = te.placeholder((K,), acc, name="bias") if ep.has_bias else None
+        operands = _operand_placeholders(ep, K, oshape, acc)
         Aq, shifted = _a_stage(A, a_dtype, dtype)
         pad_val = 128 if shifted else 0
         Hp, Wp = H + 2 * padding, W + 2 * padding
@@ -214,9 +230,8 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
             Cc = te.compute(oshape, lambda n, p, q, k: te.sum(
                 Ap[n, p * stride + r * dilation, q * stride + s * dilation, ci].astype(acc)
                 * Wt[r, s, ci, k].astype(acc), axis=[r, s, ci]), name="C")
-        out = _te_tail(Cc, ep, acc, oshape, chan, bias_t, comp)
-        return [A, Wt] + ([bias_t] if bias_t is not None else []) + ([comp] if shifted else []) \
-            + [out]
+        out = _te_tail(Cc, ep, acc, oshape, chan, operands, comp)
+        return [A, Wt] + operands + ([comp] if shifted else []) + [out]
 
     def ref(x, w, *rest):
         x64, w64 = acc_numpy(dtype, acc, x, w)
@@ -232,7 +247,7 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
         out = finish(out, acc)
         if not nchw:
             out = out.transpose(0, 2, 3, 1)
-        return ep.numpy(out, rest[0] if rest else None, chan)
+        return ep.numpy(out, _operand_arrays(ep, rest), chan)
 
     def tile(operand, e, rows_used=False):
         n, ci, co = ("n", e["n"], N), ("ci", e["ci"], C), ("co", e["co"], K)

@@ -4,8 +4,9 @@
                      relax_pipeline=tsl.relax.pipeline("cpu"))
     print(tsl.relax.report(mod, "cpu"))
 
-`pipeline(target)` is TVM's default Relax pipeline for the target with one pass added right
-after operator fusion: every fused PrimFunc that computes a matmul / linear / batch matmul /
+`pipeline(target)` is TVM's default Relax pipeline for the target, with the imported graph's
+batch norms folded into its convs first (`tsl.relax.imports`), and one pass added right after
+operator fusion: every fused PrimFunc that computes a matmul / linear / batch matmul /
 conv2d (with the bias add, relu and requantize after it) is recognized from its blocks
 (`tsl.relax.match`), built with tsl's schedule for the target's machine (or the best record of
 a tuning database) and swapped in (`tsl.relax.swap`); everything else is TVM's.
@@ -13,6 +14,7 @@ a tuning database) and swapped in (`tsl.relax.swap`); everything else is TVM's.
 
 from __future__ import annotations
 
+from .imports import fold_batch_norm, import_passes
 from .swap import Decision, Report, swap_pass
 from .targets import machine_for, tvm_target
 
@@ -25,7 +27,7 @@ def _stages(tvm_tgt):
     be = {"llvm": cpu, "cuda": cuda}[tvm_tgt.kind.name]
     legal = be.legalize_passes(tvm_tgt)
     fuse_end = 1 + max(i for i, p in enumerate(legal) if "FuseTIR" in str(p.info.name))
-    return (be.library_dispatch_passes(tvm_tgt) + legal[:fuse_end],
+    return (import_passes() + be.library_dispatch_passes(tvm_tgt) + legal[:fuse_end],
             legal[fuse_end:] + be.dataflow_lower_passes(tvm_tgt) + be.finalize_passes(tvm_tgt))
 
 
@@ -65,4 +67,4 @@ def report(mod, target, database=None) -> Report:
     return plan(fused, machine_for(target), database)[1]
 
 
-__all__ = ["pipeline", "report", "swap_pass", "machine_for", "tvm_target", "Report", "Decision"]
+__all__ = ["pipeline", "report", "swap_pass", "fold_batch_norm", "machine_for", "tvm_target", "Report", "Decision"]

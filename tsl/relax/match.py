@@ -39,13 +39,13 @@ class Operand:
     """A tsl input fed from call argument `param`, reshaped to `shape` (same element count)."""
 
     param: int
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] | None
 
 
 @dataclass
 class Match:
     op: Operator  # the tsl operator (unpadded)
-    operands: dict  # tsl input role ("A", "B", "bias") -> Operand
+    operands: dict  # tsl input name ("A", "B", "bias", "scale", "residual", ...) -> Operand
     result_shape: tuple[int, ...]  # the shape TVM's last absorbed block writes
     result_buffer: object  # that block's buffer (a tail reads it)
     tail: list = field(default_factory=list)  # SBlocks left to TVM, in order
@@ -318,7 +318,8 @@ def _operand_dtype(a, b) -> str:
 # -- the epilogue ------------------------------------------------------------------------------
 def _elementwise_step(block, cur, params, chan_var_pos, n_chan, acc_dtype):
     """The epilogue step `block` applies to buffer `cur` (None when it is not one), and the
-    bias Operand it reads."""
+    Operand it reads (a channel vector of bias / scale; a residual's shape is filled in by the
+    caller: the operator's output shape)."""
     _, tirx = _types()
     st = _store(block)
     out_vars = _vars_of(st.indices, f"block {block.name_hint}")
@@ -332,19 +333,25 @@ def _elementwise_step(block, cur, params, chan_var_pos, n_chan, acc_dtype):
         if isinstance(v, tirx.Cast) and is_cur(v.value):
             return ("cast", str(st.buffer.dtype)), None
         return None, None
-    if isinstance(v, tirx.Add):
+    if isinstance(v, (tirx.Add, tirx.Mul)):
         for x, y in ((v.a, v.b), (v.b, v.a)):
-            if is_cur(x) and _is_load(y) and _index(params, y.source) >= 0:
-                idx, bshape = list(y.indices), _shape(y.source)
-                chan = out_vars[chan_var_pos]
-                # One value per channel: the channel iterator indexes it, every other index is
-                # 0 or runs over a dimension of extent 1.
-                bias_ok = (str(y.source.dtype) == acc_dtype and math.prod(bshape) == n_chan
-                           and _index(idx, chan) >= 0
-                           and all(e.same_as(chan) or _int(e) == 0 or d == 1
-                                   for e, d in zip(idx, bshape)))
-                if bias_ok:
-                    return Step("bias"), Operand(_index(params, y.source), (n_chan,))
+            if not (is_cur(x) and _is_load(y) and _index(params, y.source) >= 0
+                    and str(y.source.dtype) == acc_dtype):
+                continue
+            idx, bshape = list(y.indices), _shape(y.source)
+            chan = out_vars[chan_var_pos]
+            # One value per channel: the channel iterator indexes it, every other index is
+            # 0 or runs over a dimension of extent 1.
+            if (math.prod(bshape) == n_chan and _index(idx, chan) >= 0
+                    and all(e.same_as(chan) or _int(e) == 0 or d == 1
+                            for e, d in zip(idx, bshape))):
+                kind = "scale" if isinstance(v, tirx.Mul) else "bias"
+                return Step(kind), Operand(_index(params, y.source), (n_chan,))
+            # A tensor of the output's shape read at the output element: a residual.
+            if (isinstance(v, tirx.Add) and bshape == _shape(st.buffer)
+                    and len(idx) == len(out_vars)
+                    and all(e.same_as(o) for e, o in zip(idx, out_vars))):
+                return Step("residual"), Operand(_index(params, y.source), None)
         return None, None
     if isinstance(v, tirx.Max) and is_cur(v.a) and _const(v.b) == 0:
         return Step("relu"), None
@@ -392,7 +399,7 @@ def match(func) -> Match:
     chan_pos = _index(list(store.indices), chan_var)
     steps, out_dtype = [], "float16" if acc_dtype == "float16" else None
     cur = store.buffer
-    i, cast = 0, False
+    i, cast, seen = 0, False, {}
     while i < len(post) and not cast:
         step, operand = _elementwise_step(post[i], cur, params, chan_pos, n_chan, acc_dtype)
         if step is None:
@@ -400,10 +407,10 @@ def match(func) -> Match:
         if isinstance(step, tuple):
             out_dtype, cast = step[1], True
         else:
-            if step.kind == "bias":
-                if "bias" in operands:
-                    break
-                operands["bias"] = operand
+            if operand is not None:
+                seen[step.kind] = seen.get(step.kind, 0) + 1
+                name = step.kind if seen[step.kind] == 1 else f"{step.kind}{seen[step.kind]}"
+                operands[name] = operand
             steps.append(step)
         cur = _store(post[i]).buffer
         i += 1
@@ -412,6 +419,9 @@ def match(func) -> Match:
         op = make(Epilogue(tuple(steps), out_dtype))
     except TSLError as e:
         raise NoMatch(f"tsl does not take it: {e}") from e
+    for name, operand in operands.items():
+        if operand.shape is None:  # a residual: the output's elements, in its order
+            operands[name] = Operand(operand.param, op.input(name).shape)
     if tsl_acc != op.acc_dtype:
         raise NoMatch(f"accumulator {acc_dtype}, tsl accumulates {op.dtype} in {op.acc_dtype}")
     tail_params = _check_tail(tail, cur, params, bl[:ri + 1 + i])

@@ -9,7 +9,7 @@ kernels and TVM's own code both use the machine's instructions.
 
 from __future__ import annotations
 
-from ..backend import registry, resolve_target
+from ..backend import get_backend, registry, resolve_target
 from ..errors import BackendUnavailable
 from ..tam import Machine, builtin_names
 
@@ -61,21 +61,11 @@ def machine_for(target) -> Machine:
 
 
 def tvm_target(target):
-    """The TVM Target to compile a model with for `target`: for a CPU machine, the host's LLVM
-    CPU with the machine file's vector features (what tsl's kernels are compiled with, so TVM's
-    own kernels use them too); for a Tensor Core machine, cuda with its arch and an llvm host.
-    A TVM Target passed in is returned as it is."""
-    import tvm
-
+    """The TVM Target to compile a model with for `target`, as its back end says
+    (`Backend.tvm_target`: for a CPU machine the host's LLVM CPU with the machine file's vector
+    features; for a Tensor Core machine cuda with its arch and an llvm host). A TVM Target
+    passed in is returned as it is."""
     if not (isinstance(target, Machine) or _tsl_name(target)):
         return as_tvm_target(target)
     m = machine_for(target)
-    if m.backend == "cpu":
-        from ..backends.cpu import codegen
-
-        return codegen.target(m)
-    if m.backend == "cuda_tensorcore":
-        return tvm.target.Target({"kind": "cuda", "arch": m.params["arch"]},
-                                 host={"kind": "llvm"})
-    raise BackendUnavailable(f"machine {m.name} ({m.backend}) is not compiled through TVM's "
-                             f"Relax pipeline; the bridge supports CPU and Tensor Core machines")
+    return get_backend(m.backend).tvm_target(m)

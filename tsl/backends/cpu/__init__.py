@@ -58,6 +58,11 @@ class CPUBackend(Backend):
                         machine=art.machine.name, macs=art.op.macs,
                         peak_macs_per_s=(art.machine.peak(art.op.dtype) or 0) / 2)
 
+    def tvm_target(self, machine):
+        """The host's LLVM CPU with the machine file's vector features (what tsl's kernels are
+        compiled with)."""
+        return codegen.target(machine)
+
     def suite(self, quick: bool) -> list:
         return suite.suite(quick)
 

@@ -83,6 +83,13 @@ class TensorCoreBackend(Backend):
                                 f"{m.params['registers_per_sm']}; use fewer warps or smaller "
                                 f"accumulator tiles")
 
+    def tvm_target(self, machine):
+        """cuda with the machine's arch, an llvm host."""
+        import tvm
+
+        return tvm.target.Target({"kind": "cuda", "arch": machine.params["arch"]},
+                                 host={"kind": "llvm"})
+
     def suite(self, quick: bool) -> list:
         """fp16 GEMMs (large, and BERT-base's at sequence 128), bf16 and int8 GEMMs, a ResNet
         3x3 conv2d in NHWC."""

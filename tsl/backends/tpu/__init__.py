@@ -52,6 +52,7 @@ class TPUBackend(Backend):
         """Limits beyond the TAM, for the model's knob search: the arrays within HBM, the
         schedule's tiles and the kernel it becomes within the scoped VMEM budget, the kernel's
         grid within what the model walks (`model.MAX_STEPS`)."""
+        schedule.op.epilogue.require(("bias", "relu", "shift", "clip"), "the TPU back end")
         check_tensorized(schedule)
         check_hbm(schedule)
         check_vmem(schedule)
@@ -60,6 +61,7 @@ class TPUBackend(Backend):
     def _build(self, schedule, options: TPUOptions):
         """The artifact of the emitter `options.emitter` names (`TPUOptions`)."""
         emitter = options.emitter
+        schedule.op.epilogue.require(("bias", "relu", "shift", "clip"), "the TPU back end")
         check_tensorized(schedule)
         check_hbm(schedule)
         if emitter == "stablehlo":

@@ -1,0 +1,108 @@
+"""Models nobody on this project wrote, imported the way TVM users import them
+(`torch.export` + `from_exported_program`, or an ONNX file + `from_onnx`), compiled through
+`tsl.relax.pipeline("cpu")` and checked against PyTorch on the same weights."""
+
+import numpy as np
+import pytest
+
+import tsl
+import tsl.relax
+
+torch = pytest.importorskip("torch", reason="the torch frontend tests need PyTorch "
+                                            "(pip install -e '.[test]' brings the CPU build)")
+
+
+class Residual(torch.nn.Module):
+    """conv-BN-relu, conv-BN + skip, relu; a depthwise conv-BN-relu6; pooled linear head."""
+
+    def __init__(self):
+        super().__init__()
+        c = 16
+        self.stem = torch.nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.bn0 = torch.nn.BatchNorm2d(c)
+        self.conv1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(c)
+        self.conv2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(c)
+        self.dw = torch.nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+        self.bn3 = torch.nn.BatchNorm2d(c)
+        self.fc = torch.nn.Linear(c, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bn0(self.stem(x)))
+        y = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.relu(self.bn2(self.conv2(y)) + x)
+        x = torch.nn.functional.relu6(self.bn3(self.dw(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+def _randomized(model):
+    torch.manual_seed(0)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):  # non-trivial statistics to fold
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+def _compile_and_run(mod, x):
+    import tvm
+    from tvm import relax
+
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x))
+    out = out[0] if not hasattr(out, "numpy") else out
+    return out.numpy()
+
+
+def _exported(model, x):
+    from tvm.relax.frontend.torch import from_exported_program
+
+    with torch.no_grad():
+        ep = torch.export.export(model, (torch.from_numpy(x),))
+    return from_exported_program(ep, keep_params_as_input=False)
+
+
+def test_batch_norms_are_folded_into_the_convs_and_the_residual_add_is_an_epilogue():
+    model = _randomized(Residual())
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 20, 20)).astype("float32")
+    mod = _exported(model, x)
+    folded = tsl.relax.fold_batch_norm()(mod)
+    assert "batch_norm" not in folded.script()
+    rep = tsl.relax.report(mod, "cpu")
+    patterns = [d.pattern for d in rep.taken]
+    assert sum(p.startswith("conv2d+bias") for p in patterns) >= 3, str(rep)
+    assert any("residual" in p for p in patterns), str(rep)
+
+
+def test_a_residual_cnn_with_batch_norm_matches_pytorch_through_the_torch_frontend():
+    model = _randomized(Residual())
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 3, 20, 20)).astype("float32")
+    got = _compile_and_run(_exported(model, x), x)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert err < 1e-4, err
+
+
+def test_the_same_model_through_onnx_matches_pytorch(tmp_path):
+    pytest.importorskip("onnx", reason="the ONNX frontend test needs the onnx package")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    model = _randomized(Residual())
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 3, 20, 20)).astype("float32")
+    path = tmp_path / "residual.onnx"
+    with torch.no_grad():
+        torch.onnx.export(model, (torch.from_numpy(x),), str(path), dynamo=True)
+    mod = from_onnx(onnx.load(str(path)), keep_params_in_input=False)
+    got = _compile_and_run(mod, x)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert err < 1e-4, err

@@ -1,0 +1,292 @@
+"""Whole models as users bring them, against the runtimes they would otherwise deploy.
+
+    python -m tsl.bench --models [--profile] [--frontends torch,onnx] [--only resnet18,...]
+
+torchvision's ResNet-18 and MobileNetV2 and `torch.nn.TransformerEncoderLayer(768, 12, 3072)`
+at sequence length 128 (batch 1, fp32, random weights of a fixed seed) are imported the way TVM
+users import them (`torch.export` + `from_exported_program`, or the ONNX file +
+`from_onnx`), compiled with `tsl.relax.pipeline("cpu")`, and timed against PyTorch eager and
+ONNX Runtime (CPU execution provider, intra-op threads = this host's cores). Every party runs
+alone in a fresh process (`python -m tsl.bench.imported --party ...`): nothing else of ours runs
+while it is timed, each gets the same settle pause and the same median of single calls. The
+parent checks each result against PyTorch's and prints one row per model and frontend.
+
+`--profile` adds where tsl's milliseconds go: the Relax VM's calls timed one by one
+(`vm.set_instrument`), tsl's kernels apart from everything TVM compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+MODELS = ("resnet18", "mobilenet_v2", "encoder")
+PARTIES = ("tsl", "torch", "ort")
+SETTLE_SECONDS = 1.0
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def make_model(name: str):
+    """(torch module in eval mode, input array) with weights drawn from seed 0."""
+    import torch
+
+    torch.manual_seed(0)
+    if name == "encoder":
+        m = torch.nn.TransformerEncoderLayer(768, 12, 3072, dropout=0.0, batch_first=True)
+        shape = (1, 128, 768)
+    else:
+        import torchvision
+
+        m = getattr(torchvision.models, name)(weights=None)
+        shape = (1, 3, 224, 224)
+    x = np.random.default_rng(0).uniform(-1, 1, shape).astype("float32")
+    return m.eval(), x
+
+
+def export_onnx(model, x, path: Path) -> None:
+    import torch
+
+    with torch.no_grad():
+        torch.onnx.export(model, (torch.from_numpy(x),), str(path), dynamo=True)
+
+
+def relax_module(name: str, frontend: str, work: Path):
+    model, x = make_model(name)
+    if frontend == "onnx":
+        import onnx
+        from tvm.relax.frontend.onnx import from_onnx
+
+        return from_onnx(onnx.load(str(work / f"{name}.onnx")), keep_params_in_input=False), x
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    with torch.no_grad():
+        ep = torch.export.export(model, (torch.from_numpy(x),))
+    return from_exported_program(ep, keep_params_as_input=False), x
+
+
+def median_call(fn, rounds: int) -> float:
+    """Median seconds of single calls of `fn`, after a warm-up call and the settle pause."""
+    fn()
+    time.sleep(SETTLE_SECONDS)
+    ts = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+class _Profile:
+    """Per-symbol time of a Relax VM's calls (the VM instrument: before/after each call)."""
+
+    def __init__(self):
+        self.total: dict[str, float] = {}
+        self._t0 = 0.0
+
+    def __call__(self, _func, symbol, before, _ret, *_args):
+        now = time.perf_counter()
+        if before:
+            self._t0 = now
+        else:
+            self.total[symbol] = self.total.get(symbol, 0.0) + now - self._t0
+        return 0
+
+
+def _party_tsl(name, frontend, work, rounds, profile) -> tuple[dict, np.ndarray]:
+    import tvm
+    from tvm import relax
+
+    import tsl.relax
+
+    mod, x = relax_module(name, frontend, work)
+    t0 = time.perf_counter()
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"))
+    compile_s = time.perf_counter() - t0
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    xt = tvm.runtime.tensor(x)
+
+    def call():
+        return vm["main"](xt)
+
+    seconds = median_call(call, rounds)
+    out = call()
+    out = out if hasattr(out, "numpy") else out[0]
+    info = {"seconds": seconds, "compile_s": compile_s}
+    if profile:
+        prof = _Profile()
+        vm.set_instrument(tvm.runtime.convert(prof) if hasattr(tvm.runtime, "convert")
+                          else prof)
+        for _ in range(max(3, rounds // 4)):
+            call()
+        n = max(3, rounds // 4)
+        info["profile"] = {k: v / n for k, v in prof.total.items()}
+    return info, out.numpy()
+
+
+def _party_torch(name, rounds) -> tuple[dict, np.ndarray]:
+    import torch
+
+    torch.set_num_threads(cores())
+    model, x = make_model(name)
+    xt = torch.from_numpy(x)
+    with torch.no_grad():
+        seconds = median_call(lambda: model(xt), rounds)
+        out = model(xt).numpy()
+    return {"seconds": seconds}, out
+
+
+def _party_ort(name, work, rounds) -> tuple[dict, np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = cores()
+    sess = ort.InferenceSession(str(work / f"{name}.onnx"), so,
+                                providers=["CPUExecutionProvider"])
+    x = np.load(work / f"{name}.input.npy")
+    feed = {sess.get_inputs()[0].name: x}
+    seconds = median_call(lambda: sess.run(None, feed), rounds)
+    return {"seconds": seconds}, sess.run(None, feed)[0]
+
+
+def party_main(argv=None) -> int:
+    """One party, alone in this process: its info as JSON on the last line of stdout, its
+    output saved next to the model's files."""
+    ap = argparse.ArgumentParser(prog="python -m tsl.bench.imported")
+    ap.add_argument("--party", choices=PARTIES, required=True)
+    ap.add_argument("--model", choices=MODELS, required=True)
+    ap.add_argument("--frontend", choices=("torch", "onnx"), default="torch")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args(argv)
+    work = Path(a.work)
+    if a.party == "tsl":
+        info, out = _party_tsl(a.model, a.frontend, work, a.rounds, a.profile)
+    elif a.party == "torch":
+        info, out = _party_torch(a.model, a.rounds)
+    else:
+        info, out = _party_ort(a.model, work, a.rounds)
+    np.save(work / f"{a.model}.{a.party}.{a.frontend}.npy", out)
+    print(json.dumps(info))
+    return 0
+
+
+def _run_party(party, model, frontend, work, rounds, profile) -> dict:
+    cmd = [sys.executable, "-m", "tsl.bench.imported", "--party", party, "--model", model,
+           "--frontend", frontend, "--work", str(work), "--rounds", str(rounds)]
+    if profile:
+        cmd.append("--profile")
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        return {"error": " | ".join(tail)}
+    info = json.loads(p.stdout.strip().splitlines()[-1])
+    info["output"] = np.load(work / f"{model}.{party}.{frontend}.npy")
+    return info
+
+
+def _rel_err(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def run(models=MODELS, frontends=("torch", "onnx"), rounds: int = 20, profile: bool = False,
+        progress=print) -> list[dict]:
+    """One row per (model, frontend): tsl's, PyTorch's and ONNX Runtime's median ms, tsl's
+    compile time, relative errors to PyTorch, and with `profile` tsl's time per function."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tsl-models-") as d:
+        work = Path(d)
+        for name in models:
+            model, x = make_model(name)
+            np.save(work / f"{name}.input.npy", x)
+            export_onnx(model, x, work / f"{name}.onnx")
+            del model
+            peers = {p: _run_party(p, name, "torch", work, rounds, False)
+                     for p in ("torch", "ort")}
+            ref = peers["torch"].get("output")
+            for fe in frontends:
+                progress(f"  {name} ({fe} frontend) ...")
+                t = _run_party("tsl", name, fe, work, rounds, profile)
+                row = {"model": name, "frontend": fe, "host_cores": cores()}
+                for p, info in (("tsl", t), ("torch", peers["torch"]), ("ort", peers["ort"])):
+                    if "error" in info:
+                        row[f"{p}_error"] = info["error"]
+                        continue
+                    row[f"{p}_ms"] = info["seconds"] * 1e3
+                    if ref is not None and p != "torch":
+                        row[f"{p}_rel_err"] = _rel_err(info["output"], ref)
+                row["compile_s"] = t.get("compile_s")
+                if profile and "profile" in t:
+                    row["profile_ms"] = {k: v * 1e3 for k, v in t["profile"].items()}
+                rows.append(row)
+    return rows
+
+
+def _fmt(v, spec):
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def format_rows(rows) -> str:
+    head = (f"{'model':<14}{'frontend':<9}{'tsl ms':>9}{'torch ms':>10}{'ORT ms':>9}"
+            f"{'vs ORT':>8}{'vs torch':>9}{'err tsl':>9}{'err ORT':>9}{'compile s':>10}")
+    out = [head]
+    for r in rows:
+        t, o, p = r.get("tsl_ms"), r.get("ort_ms"), r.get("torch_ms")
+        out.append(f"{r['model']:<14}{r['frontend']:<9}{_fmt(t, '9.2f')}{_fmt(p, '10.2f')}"
+                   f"{_fmt(o, '9.2f')}{_fmt(o / t if t and o else None, '7.2f')}x"
+                   f"{_fmt(p / t if t and p else None, '8.2f')}x"
+                   f"{_fmt(r.get('tsl_rel_err'), '9.1e')}{_fmt(r.get('ort_rel_err'), '9.1e')}"
+                   f"{_fmt(r.get('compile_s'), '10.1f')}")
+        for p in PARTIES:
+            if f"{p}_error" in r:
+                out.append(f"    {p} failed: {r[p + '_error']}")
+    return "\n".join(out)
+
+
+def format_profile(row, top: int = 12) -> str:
+    """tsl kernels vs the rest, then the `top` functions by time."""
+    prof = row.get("profile_ms") or {}
+    total = sum(prof.values())
+    if not total:
+        return ""
+    kern = sum(v for k, v in prof.items() if k.endswith("_tsl"))
+    lines = [f"{row['model']} ({row['frontend']}): {total:.2f} ms in VM calls; tsl GEMM/conv "
+             f"kernels {kern:.2f} ms ({100 * kern / total:.0f}%), the rest {total - kern:.2f} ms "
+             f"({100 * (total - kern) / total:.0f}%)"]
+    for k, v in sorted(prof.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"    {v:8.3f} ms  {'tsl ' if k.endswith('_tsl') else 'tvm '} {k}")
+    return "\n".join(lines)
+
+
+def main(only=None, frontends=("torch", "onnx"), profile=False, json_path=None,
+         rounds: int = 20) -> int:
+    models = [m for m in MODELS if not only or m in only]
+    print(f"whole models, batch 1, fp32, each party alone in its own process, {cores()} cores, "
+          f"median of {rounds} calls")
+    rows = run(models, frontends, rounds, profile)
+    print(format_rows(rows))
+    if profile:
+        for r in rows:
+            print(format_profile(r))
+    if json_path:
+        Path(json_path).write_text(json.dumps(
+            [{k: v for k, v in r.items()} for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(party_main())

@@ -1,0 +1,82 @@
+"""Graphs as TVM's torch and ONNX frontends produce them, made ready for the swap.
+
+`torch.export` + `from_exported_program` and `from_onnx` keep inference batch norms as
+`relax.nn.batch_norm` after each convolution. `fold_batch_norm` folds every batch norm whose
+input is a conv2d with constant weights (optionally with a constant bias added, as ONNX convs
+have) into that conv: W' = W * s per output channel, b' = (b - mean) * s + beta with
+s = gamma / sqrt(var + eps), at compile time. The conv's epilogue is then a bias add that the
+swap fuses; no per-call batch-norm pass remains. A batch norm that cannot be folded (its input
+is not such a conv) is decomposed into element-wise scale and shift by TVM's
+`DecomposeOpsForInference`, which the swap fuses as `scale() + bias()` when it follows a GEMM.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _folded(conv, bias, bn):
+    """conv2d(x, W * s) + b' for the matched conv (+ bias) -> batch_norm, or None when the
+    batch norm does not normalize the conv's output channels."""
+    from tvm import relax
+
+    attrs = conv.attrs
+    if str(attrs.kernel_layout) != "OIHW" or str(attrs.data_layout) != "NCHW" \
+            or int(bn.attrs.axis) != 1:
+        return None
+    w = conv.args[1].value.numpy()
+    gamma, beta, mean, var = (a.value.numpy().astype(np.float64) for a in bn.args[1:5])
+    s = gamma / np.sqrt(var + float(bn.attrs.epsilon))
+    if s.shape != (w.shape[0],):
+        return None
+    b0 = np.zeros_like(s) if bias is None else bias.astype(np.float64).reshape(-1)
+    if b0.shape != s.shape:
+        return None
+    w2 = (w.astype(np.float64) * s.reshape(-1, 1, 1, 1)).astype(w.dtype)
+    b2 = ((b0 - mean) * s + beta).astype(w.dtype).reshape(1, -1, 1, 1)
+    y = relax.op.nn.conv2d(conv.args[0], relax.const(w2), strides=attrs.strides,
+                           padding=attrs.padding, dilation=attrs.dilation, groups=attrs.groups,
+                           data_layout="NCHW", kernel_layout="OIHW",
+                           out_layout=attrs.out_layout, out_dtype=attrs.out_dtype)
+    return relax.op.add(y, relax.const(b2))
+
+
+def fold_batch_norm():
+    """A module pass folding inference batch norms into the convs before them (see above)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
+
+    conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
+    biased = is_op("relax.add")(conv, is_const())
+    bn = is_op("relax.nn.batch_norm")(conv | biased, is_const(), is_const(), is_const(),
+                                      is_const())
+    pattern = is_tuple_get_item(bn, 0)
+
+    def rewriter(expr, matches):
+        c, b = matches[conv], matches.get(biased)
+        bias = None
+        if b is not None:
+            bias = b.args[1].value.numpy()
+            if bias.size != c.args[1].struct_info.shape[0]:
+                return expr
+        y = _folded(c, bias, matches[bn])
+        return expr if y is None else y
+
+    @tvm.transform.module_pass(opt_level=0, name="tsl.relax.fold_batch_norm")
+    def _pass(mod, _ctx):
+        for gv, f in list(mod.functions.items()):
+            if isinstance(f, relax.Function):
+                mod[gv] = rewrite_call(pattern, rewriter, f)
+        return mod
+
+    return _pass
+
+
+def import_passes() -> list:
+    """What runs before TVM's legalization: batch norms folded or decomposed, constants
+    folded (weights reached through permute/reshape of constants become constants)."""
+    from tvm import relax
+
+    return [fold_batch_norm(), relax.transform.DecomposeOpsForInference(),
+            relax.transform.FoldConstant()]
