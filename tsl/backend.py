@@ -55,6 +55,7 @@ class Backend(ABC):
     - `measure(artifact)` -> an `Estimate` of one run: measured time (kind "measured"),
       simulated cycles ("simulated"), or, where nothing here can run it, the model ("model");
     - `suite(quick)` -> the operators `python -m tsl.bench` runs on it;
+    - `relax_options(machine)` -> the build options of a kernel inside a Relax model;
     - `tvm_target(machine)` -> the TVM Target a Relax model is compiled with for `machine`
       (what `tsl.relax` asks, so the bridge names no back end).
 
@@ -105,6 +106,11 @@ class Backend(ABC):
     def suite(self, quick: bool) -> list:
         """The operators of this back end's rows in `python -m tsl.bench` (quick: a few)."""
         return []
+
+    def relax_options(self, machine: Machine) -> dict:
+        """The build options of a kernel `tsl.relax` puts inside a Relax model (by default
+        none: the artifact `tsl.build` makes is what the model calls)."""
+        return {}
 
     def tvm_target(self, machine: Machine):
         """The TVM Target to compile a whole Relax model with for `machine`, so that tsl's

@@ -38,6 +38,11 @@ class TensorCoreBackend(Backend):
     def unavailable(self, machine, options: TensorCoreOptions | None = None) -> str | None:
         return None  # CUDA source is generated without a GPU; nvcc is checked where needed
 
+    def relax_options(self, machine) -> dict:
+        """The warp-level kernel inside a Relax model: the sm_90a wgmma one is a TIRx function
+        whose host part encodes TMA descriptors, which Relax's lowering does not take."""
+        return {"wgmma": False}
+
     def _build(self, schedule, options: TensorCoreOptions) -> TensorCoreArtifact:
         """The TMA + wgmma kernel where `options.wgmma` and it applies, else the WMMA /
         mma.sync lowering of the schedule (`TensorCoreOptions`)."""
