@@ -45,6 +45,18 @@ class Artifact:
     def estimate(self):
         raise NotImplementedError
 
+    def benchmark(self) -> dict:
+        """One row of `python -m tsl.bench`: `seconds`, `rate` (operations per second),
+        `pct_peak`, `notes`, `estimated` (True where the seconds are the model's, not a timing)
+        and, where a baseline was timed or priced, `baseline`, `baseline_seconds`, `speedup`."""
+        raise NotImplementedError(f"{type(self).__name__} has no benchmark row")
+
+    def export(self, path):
+        """Write what a host of the target loads (Tensor Cores: the CUDA kernel and its launch
+        description; TPU: the serialized `jax.export`) at `path`; returns what it wrote."""
+        raise NotImplementedError(f"the {self.target or type(self).__name__} artifact has no "
+                                  f"export: use .source() for its code")
+
     # -- shared ------------------------------------------------------------------------------
     @property
     def mod(self):

@@ -8,10 +8,12 @@ default machine, a machine name ("tpu-v5e") builds for the back end its file nam
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from abc import ABC, abstractmethod
 from importlib.metadata import entry_points
 
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, OptionError
 from .tam import Machine, builtin_names, load
 
 BUILTIN = {"cpu": "tsl.backends.cpu:backend", "vta": "tsl.backends.vta:backend",
@@ -19,15 +21,41 @@ BUILTIN = {"cpu": "tsl.backends.cpu:backend", "vta": "tsl.backends.vta:backend",
            "cuda_tensorcore": "tsl.backends.cuda_tensorcore:backend"}
 
 
-class Backend:
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The build options of a back end (`tsl.build(op, target, **options)`): each back end
+    derives its own frozen dataclass, one field per keyword it takes, so a misspelled keyword
+    is an `OptionError` naming the valid ones instead of a knob silently ignored."""
+
+    @classmethod
+    def parse(cls, backend: str, given: dict) -> "Options":
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(given) - set(valid))
+        if unknown:
+            raise OptionError(f"the {backend} back end takes no build option "
+                              f"{', '.join(unknown)}; its options are "
+                              f"{', '.join(valid) if valid else '(none)'}")
+        for f in dataclasses.fields(cls):
+            # Annotations are strings here (`from __future__ import annotations`).
+            if f.name in given and f.type in ("bool", bool) and \
+                    not isinstance(given[f.name], bool):
+                raise OptionError(f"the {backend} back end's option {f.name} is True or "
+                                  f"False, got {given[f.name]!r}")
+        return cls(**given)
+
+
+class Backend(ABC):
     """What a back end provides, and all that `tsl.build`, `tsl.tune` and `tsl.bench` use:
 
-    - `build(schedule)` -> an `Artifact` (whose `estimate()` is a `tsl.model.Estimate`);
-    - `unavailable(machine)` -> why it cannot build here, or None;
+    - `Options`: its build options, a frozen `Options` dataclass (`options(**kw)` checks them);
+    - `build(schedule, **options)` -> an `Artifact` (whose `estimate()` is a
+      `tsl.model.Estimate`), through the back end's `_build(schedule, options)`;
+    - `unavailable(machine, options)` -> why it cannot build here, or None;
     - `check(schedule)` -> raises ScheduleError for what it cannot lower beyond the TAM;
     - `measure(artifact)` -> an `Estimate` of one run: measured time (kind "measured"),
       simulated cycles ("simulated"), or, where nothing here can run it, the model ("model");
     - `suite(quick)` -> the operators `python -m tsl.bench` runs on it;
+    - `relax_options(machine)` -> the build options of a kernel inside a Relax model;
     - `tvm_target(machine)` -> the TVM Target a Relax model is compiled with for `machine`
       (what `tsl.relax` asks, so the bridge names no back end).
 
@@ -36,6 +64,7 @@ class Backend:
 
     name: str = ""
     default_machine: str = ""
+    Options: type[Options] = Options
     # Programs `python -m tsl.bench` searches per operator by default (`--trials` overrides):
     # worth it where `measure` is cheap and exact, as a simulator's cycle count is.
     bench_trials: int = 0
@@ -49,13 +78,22 @@ class Backend:
         caches when the host runs it)."""
         return machine
 
-    def unavailable(self, machine: Machine, **options) -> str | None:
+    def options(self, **given) -> Options:
+        """`given` as this back end's `Options`; OptionError for a keyword it does not take."""
+        return self.Options.parse(self.name, given)
+
+    def unavailable(self, machine: Machine, options: Options | None = None) -> str | None:
         """Why this back end cannot build for `machine` here with these build options (None
         when it can)."""
         return None
 
     def build(self, schedule, **options):
-        raise NotImplementedError
+        """The artifact of `schedule` built with `options` (checked against `Options`)."""
+        return self._build(schedule, self.options(**options))
+
+    @abstractmethod
+    def _build(self, schedule, options):
+        """The artifact of `schedule` with checked `options` (an instance of `Options`)."""
 
     def check(self, schedule) -> None:
         """Raise ScheduleError when this back end cannot lower `schedule` for limits beyond
@@ -68,6 +106,11 @@ class Backend:
     def suite(self, quick: bool) -> list:
         """The operators of this back end's rows in `python -m tsl.bench` (quick: a few)."""
         return []
+
+    def relax_options(self, machine: Machine) -> dict:
+        """The build options of a kernel `tsl.relax` puts inside a Relax model (by default
+        none: the artifact `tsl.build` makes is what the model calls)."""
+        return {}
 
     def tvm_target(self, machine: Machine):
         """The TVM Target to compile a whole Relax model with for `machine`, so that tsl's

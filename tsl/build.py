@@ -55,7 +55,7 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
     `tsl.tune.Database`, whose best record for (operator, machine, schedule) is used; with no
     record there, the schedule's defaults are, and a warning says so."""
     backend, machine = resolve_target(target)
-    why = backend.unavailable(machine, **options)
+    why = backend.unavailable(machine, backend.options(**options))
     if why:
         raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
     if hasattr(knobs, "best_for"):

@@ -27,5 +27,10 @@ class BackendUnavailable(TSLError, RuntimeError):
     here; the message says what to install."""
 
 
+class OptionError(TSLError, TypeError):
+    """A build option a back end does not take (a misspelled keyword of `tsl.build`), or one of
+    the wrong type: the message names the back end and the options it takes."""
+
+
 class InputError(TSLError, ValueError):
     """Arrays passed to an artifact do not match its operator (count, shape or dtype)."""

@@ -48,6 +48,7 @@ the same traffic, overlap and bound rules, for the knob choice and the artifact 
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -61,12 +62,24 @@ BALANCE_STALL = 0.2  # fitted on VTA cycles (ResNet-18 C2, C11) before explicit_
 ENGINE_STALL = 0.05  # the same for explicit copies; fitted on VTA cycles (C2-C11 settings)
 
 
-@dataclass(frozen=True)
+class TransferKind(enum.Enum):
+    """What a transfer moves: the accumulator walk (`accumulator_cycles`) and the overlap rules
+    treat the accumulator's write-back apart from the loads, whatever a back end labels it."""
+
+    TILE = "tile"  # an operand tile staged in a level (or a kernel's operand blocks)
+    THROUGH = "through"  # what a cache with no stage of its own passes on to the tiles below
+    WRITE_BACK = "write-back"  # the accumulator's results written out to its parent
+    PASS = "pass"  # a whole-array pass around the kernel (padding, a bias, an XLA pass)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Transfer:
     """Data moved into memory level `level` from its parent `parent`: `fills` times `bytes`
-    (each `rows` rows), spread over `units` parallel instances, overlapping compute or not."""
+    (each `rows` rows), spread over `units` parallel instances, overlapping compute or not.
+    Built by keyword: 14 fields, most of them numbers of the same type."""
 
-    what: str  # "A tile at ci.0", "C write-back", a back end's own label
+    kind: TransferKind
+    what: str  # a label for the report: "A tile at ci.0", a back end's own
     level: str
     parent: str
     fills: int
@@ -339,10 +352,13 @@ def transfers(s: Schedule) -> list[Transfer]:
         if st.operand == "C":
             # Written back in the output dtype once per fill (after the epilogue).
             nbytes = math.ceil(st.elements * dtype_bytes(s.op.out_dtype))
-            out.append(Transfer(f"C write-back from {lv.name} at {st.at.name}", parent.name,
-                                lv.name, fills, nbytes, tile_rows(s, st),
-                                mv.latency if mv else 0.0, bool(mv and mv.serial_rows), bw,
-                                shared, units, hidden, at=s.loops.index(st.at)))
+            out.append(Transfer(kind=TransferKind.WRITE_BACK,
+                                what=f"C write-back from {lv.name} at {st.at.name}",
+                                level=parent.name, parent=lv.name, fills=fills, bytes=nbytes,
+                                rows=tile_rows(s, st), latency=mv.latency if mv else 0.0,
+                                serial_rows=bool(mv and mv.serial_rows), bandwidth=bw,
+                                shared_bandwidth=shared, units=units, hidden=hidden,
+                                at=s.loops.index(st.at)))
             continue
         # (A mover with row_pitch copies only the rows a strided window reads: the stage's
         # elements count those, `tile_rows` its DMA rows.)
@@ -354,11 +370,13 @@ def transfers(s: Schedule) -> list[Transfer]:
         elif mv and mv.shares_tiles:
             fills //= math.prod(thread_count(s, lp) for lp in s.loops[:s.loops.index(st.at) + 1]
                                 if _shared_round(s, lp, DEPENDS[st.operand]))
-        out.append(Transfer(f"{st.operand} tile at {st.at.name}", lv.name, parent.name, fills,
-                            nbytes, tile_rows(s, st, bool(mv and mv.row_pitch)),
-                            mv.latency if mv else 0.0,
-                            bool(mv and mv.serial_rows), bw, shared, units, hidden,
-                            st.at.stages, s.loops.index(st.at)))
+        out.append(Transfer(kind=TransferKind.TILE, what=f"{st.operand} tile at {st.at.name}",
+                            level=lv.name, parent=parent.name, fills=fills, bytes=nbytes,
+                            rows=tile_rows(s, st, bool(mv and mv.row_pitch)),
+                            latency=mv.latency if mv else 0.0,
+                            serial_rows=bool(mv and mv.serial_rows), bandwidth=bw,
+                            shared_bandwidth=shared, units=units, hidden=hidden,
+                            in_flight=st.at.stages, at=s.loops.index(st.at)))
     # A cache with no stage of its own (an L3 around the staged L2) passes on what the tiles
     # staged below it need, with the reuse its own capacity gives.
     for lv in m.memory:
@@ -370,12 +388,13 @@ def transfers(s: Schedule) -> list[Transfer]:
             parent = _parent(s, lv)
             fills, nbytes = cache_reuse(s, st, lv)
             shared = parent.bandwidth if parent.per is None and parent.role == "global" else 0.0
-            out.append(Transfer(f"{st.operand} through {lv.name}", lv.name, parent.name, fills,
-                                nbytes, bandwidth=lv.bandwidth or parent.bandwidth,
+            out.append(Transfer(kind=TransferKind.THROUGH, what=f"{st.operand} through {lv.name}",
+                                level=lv.name, parent=parent.name, fills=fills, bytes=nbytes,
+                                bandwidth=lv.bandwidth or parent.bandwidth,
                                 shared_bandwidth=shared, units=units, hidden=1.0))
     # The write-back overlaps as well as the operand loads around it do (a separate path).
     best = max((t.hidden for t in out), default=0.0)
-    return [t if not t.what.startswith("C write-back") else _replace(t, hidden=best)
+    return [t if t.kind is not TransferKind.WRITE_BACK else _replace(t, hidden=best)
             for t in out]
 
 
@@ -553,7 +572,7 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     steps (resets, epilogues, waits on the write-back) they prefetch only that far. With one
     buffer per thread, a thread's load and compute take turns. Tiles staged outside the
     accumulator tile load between its reduction steps, as the other loads do."""
-    acc = next((t for t in ts if t.what.startswith("C write-back")), None)
+    acc = next((t for t in ts if t.kind is TransferKind.WRITE_BACK), None)
     if acc is None or not acc.fills:
         return None
     m = s.machine
@@ -562,7 +581,7 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
         return None
     units = acc.units
     tiles = acc.fills / units  # accumulator tiles per unit
-    inner = [t for t in ts if t.at > acc.at and not t.what.startswith("C")]
+    inner = [t for t in ts if t.at > acc.at and t.kind is not TransferKind.WRITE_BACK]
     outer = [t for t in ts if t not in inner and t is not acc]
     # Reduction steps per unit (a tile kept across steps has fewer fills than steps).
     steps = max((_fills(s, s.loops[t.at]) for t in inner), default=acc.fills) / units
@@ -703,7 +722,7 @@ def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None
             path[t.parent] = path.get(t.parent, 0.0) + t.cycles()
             shared[t.parent] = shared.get(t.parent, 0.0) + t.shared_cycles()
             hidden[t.parent] = min(hidden.get(t.parent, 1.0), t.hidden)
-            if not t.what.startswith("C"):
+            if t.kind is not TransferKind.WRITE_BACK:
                 prologue += t.fill_cycles()
         else:
             serial += max(t.cycles(), t.shared_cycles())

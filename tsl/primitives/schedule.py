@@ -12,6 +12,7 @@ change>``.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 
@@ -58,6 +59,15 @@ class Stage:
     @property
     def bytes(self) -> int:
         return math.ceil(self.elements * dtype_bytes(self.dtype))
+
+
+def _named(arg):
+    """A step's argument with each loop as {"loop": name} (JSON, and no live Loop)."""
+    if isinstance(arg, Loop):
+        return {"loop": arg.name}
+    if isinstance(arg, (list, tuple)):
+        return [_named(a) for a in arg]
+    return arg
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,39 @@ class Schedule:
     def __str__(self) -> str:
         head = f"schedule of {self.op} on {self.machine.name}"
         return "\n".join([head] + [f"  {s}" for s in self.steps])
+
+    # -- writing out and replaying ---------------------------------------------------------
+    def to_json(self) -> str:
+        """The recorded steps as JSON, each loop by its name (names are deterministic, see
+        `_fresh`), with the knob values (the lowering reads some) and what it was recorded
+        for: `Schedule.replay` rebuilds the same schedule from it."""
+        return json.dumps({"op": str(self.op), "machine": self.machine.name,
+                           "knobs": self.knob_values,
+                           "steps": [{"primitive": st.primitive, "args": _named(st.args)}
+                                     for st in self.steps]})
+
+    @classmethod
+    def replay(cls, text: str, op: Operator, machine: Machine) -> "Schedule":
+        """The schedule `to_json` wrote, recorded again on `op` and `machine` by calling its
+        primitives with the loops they name (so every check runs again), then validated."""
+        data = json.loads(text)
+        if data["op"] != str(op) or data["machine"] != machine.name:
+            raise ScheduleError(f"replay: the schedule was recorded for {data['op']} on "
+                                f"{data['machine']}, not {op} on {machine.name}; record it "
+                                f"again with tsl.schedule")
+        s = cls(op, machine)
+        s.knob_values = dict(data["knobs"])
+        for st in data["steps"]:
+            getattr(s, st["primitive"])(*[s._resolve(a) for a in st["args"]])
+        s._check_capacity("replay")
+        return s
+
+    def _resolve(self, arg):
+        if isinstance(arg, dict):
+            return self.loop(arg["loop"])
+        if isinstance(arg, list):
+            return [self._resolve(a) for a in arg]
+        return arg
 
     # -- knobs ------------------------------------------------------------------------------
     def knob(self, name: str, choices, default=None, refines: bool = False):

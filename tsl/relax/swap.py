@@ -74,15 +74,15 @@ _BUILDS: dict = {}
 
 def _build(op, machine, database):
     """tsl.build with a per-process cache: a model repeats shapes (ResNet's blocks)."""
+    from ..backend import get_backend
     from ..build import build
 
     key = (str(op), repr(op.params), op.dtype, op.acc_dtype, repr(op.epilogue), machine.name,
            id(database) if database is not None and not isinstance(database, dict)
            else json.dumps(database, sort_keys=True, default=str))
     if key not in _BUILDS:
-        # the warp-level kernel: the sm_90a wgmma one is a TIRx function whose host part
-        # encodes TMA descriptors, which Relax's lowering does not take
-        _BUILDS[key] = build(op, machine, knobs=database, wgmma=False)
+        _BUILDS[key] = build(op, machine, knobs=database,
+                             **get_backend(machine.backend).relax_options(machine))
     return _BUILDS[key]
 
 

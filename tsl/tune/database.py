@@ -5,7 +5,9 @@
     art = tsl.build(op, "cpu", knobs=db)                # the best record for this key
 
 A record's key is (operator signature, machine name, hash of the machine file, qualified name
-of the schedule function): a machine file that changed, or another schedule, starts afresh.
+of the schedule function, hash of its source and tsl's version): a machine file that changed,
+another schedule, or the same schedule edited or run by another tsl starts afresh, and the
+records that no longer apply are reported (a warning), not used.
 Every record is written with append + flush + fsync, so a run killed at any moment loses at
 most the measurement in flight; a truncated last line (the write that was cut) is skipped with
 a warning when the file is read.
@@ -14,6 +16,7 @@ a warning when the file is read.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -58,6 +61,16 @@ def schedule_name(fn) -> str:
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
+def schedule_hash(fn) -> str:
+    """First 12 hex digits of the SHA-256 of the schedule function's source and tsl's version
+    (a function without source, defined at a prompt: of its byte code and constants)."""
+    try:
+        text = inspect.getsource(fn)
+    except (OSError, TypeError):
+        text = repr((fn.__code__.co_code, fn.__code__.co_consts))
+    return hashlib.sha256(f"{versions()['tsl']}\n{text}".encode()).hexdigest()[:12]
+
+
 def knobs_key(knobs: dict) -> str:
     return json.dumps(knobs, sort_keys=True)
 
@@ -68,10 +81,12 @@ class Key:
     machine: str
     machine_hash: str
     schedule: str
+    schedule_hash: str = ""
 
     @classmethod
     def of(cls, op: Operator, machine: Machine, schedule_fn) -> "Key":
-        return cls(signature(op), machine.name, machine_hash(machine), schedule_name(schedule_fn))
+        return cls(signature(op), machine.name, machine_hash(machine), schedule_name(schedule_fn),
+                   schedule_hash(schedule_fn))
 
 
 @dataclass(frozen=True)
@@ -93,10 +108,11 @@ class Record:
     lost: bool = False  # the device went away mid-measurement: measured again on resume
     versions: dict = field(default_factory=dict)
     time: float = 0.0
+    schedule_hash: str = ""  # "" in records written before the key had it: they never match
 
     @property
     def key(self) -> Key:
-        return Key(self.op, self.machine, self.machine_hash, self.schedule)
+        return Key(self.op, self.machine, self.machine_hash, self.schedule, self.schedule_hash)
 
     @property
     def ok(self) -> bool:
@@ -122,7 +138,7 @@ def make_record(key: Key, knobs: dict, value=None, kind="seconds", seconds=None,
     if kind not in KINDS:
         raise ValueError(f"record kind {kind!r} is not one of {KINDS}")
     return Record(key.op, key.machine, key.machine_hash, key.schedule, dict(knobs), value, kind,
-                  seconds, error, device, lost, versions(), time.time())
+                  seconds, error, device, lost, versions(), time.time(), key.schedule_hash)
 
 
 class Database:
@@ -190,7 +206,25 @@ class Database:
         return min(ok, key=lambda r: r.seconds, default=None)
 
     def best_for(self, op: Operator, machine: Machine, schedule_fn) -> Record | None:
-        return self.best(Key.of(op, machine, schedule_fn))
+        """The best record for the key; records of the same schedule made from another source
+        or tsl version are reported (a warning) and not used."""
+        key = Key.of(op, machine, schedule_fn)
+        stale = self.stale(key)
+        if stale:
+            hashes = sorted({r.schedule_hash or "(none)" for r in stale})
+            warnings.warn(f"tuning database {self.path}: {len(stale)} records for {key.op} on "
+                          f"{key.machine} with {key.schedule} were made by another source of "
+                          f"the schedule or another tsl (schedule hash {', '.join(hashes)}, now "
+                          f"{key.schedule_hash}); not used: tune again", stacklevel=3)
+        return self.best(key)
+
+    def stale(self, key: Key) -> list[Record]:
+        """Records of `key`'s operator, machine file and schedule name whose schedule hash is
+        not `key`'s: the schedule function or tsl changed since they were measured."""
+        return [r for k, recs in self._by_key.items()
+                if k.schedule_hash != key.schedule_hash
+                and (k.op, k.machine, k.machine_hash, k.schedule)
+                == (key.op, key.machine, key.machine_hash, key.schedule) for r in recs]
 
     def model_path(self, machine: Machine, schedule_fn) -> Path:
         """Where the learned model for (machine, schedule) is saved, beside the database: it

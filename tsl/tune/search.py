@@ -254,85 +254,115 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
         raise BackendUnavailable(f"cannot tune for {machine.name} here: {why}")
     fn = schedule or default_schedule(op.name)
     db = as_database(database) if database is not None else None
-    key = Key.of(op, machine, fn)
     runner = runner or LocalRunner(seed=seed)
     batch = max(batch, runner.parallelism)
-    cands = candidates(op, machine, fn, pool, seed)
-    known = {_key(c): i for i, c in enumerate(cands)}
-
-    def add(s: Schedule) -> int:
-        if _key(s) not in known:
-            known[_key(s)] = len(cands)
-            cands.append(s)
-        return known[_key(s)]
-
-    ests: dict[int, tuple] = {}  # candidate -> (analytic seconds, features, twin key), once
-
-    def est(i: int) -> tuple:
-        if i not in ests:
-            e = evaluate(cands[i])
-            prog = program_features(cands[i], e)
-            ests[i] = (e.seconds, prog + knob_features(cands[i]),
-                       twin_key(cands[i], e.seconds, prog))
-        return ests[i]
-
-    done: dict[int, float] = {}  # candidate -> seconds (inf: failed)
-    order: list[int] = []
-    result = TuneResult({}, math.inf, cands[0].knob_values, math.inf)
-    for rec in (db.measured(key).values() if db is not None else ()):
-        s = record(op, machine, fn, rec.knobs)
-        if s is not None:
-            i = add(s)
-            done[i] = rec.seconds if rec.ok else math.inf
-            order.append(i)
-            result.kind = rec.kind if rec.ok else result.kind
-    result.resumed = len(done)
-
+    run = _Search(op, machine, fn, db, runner, candidates(op, machine, fn, pool, seed))
+    run.resume()
     model, ranker = None, "analytic"  # what ranks the next batch
     model_path = db.model_path(machine, fn) if db is not None else None
     if transfer and model_path is not None:
-        model = LearnedModel.load(model_path, len(est(0)[1]))
-        result.transferred = model is not None
+        model = LearnedModel.load(model_path, len(run.est(0)[1]))
+        run.result.transferred = model is not None
         ranker = "transferred" if model is not None else ranker
-
-    def measure(idx: list[int]) -> None:
-        outs = runner.run([cands[i] for i in idx], fn)
-        for i, o in zip(idx, outs):
-            if db is not None:
-                db.add(_as_record(key, cands[i].knob_values, o))
-            if o.lost:
-                continue  # the configuration stays a candidate
-            done[i] = o.seconds if o.ok else math.inf
-            order.append(i)
-            result.failed += not o.ok
-            if o.ok:
-                result.kind = o.kind
-
     # The default knobs and the `start` configurations open the first batch; the ranking fills
     # it (with a transferred model, its picks are measured from the first batch on).
-    first = [0] + [add(s) for s in (record(op, machine, fn, k) for k in start or []) if s]
-    first = [i for i in dict.fromkeys(first) if i not in done]
+    first = [0] + [run.add(s) for s in (record(op, machine, fn, k) for k in start or []) if s]
+    first = [i for i in dict.fromkeys(first) if i not in run.done]
     n_batch = 0
-    while len(done) < trials:
-        for i in sorted(done, key=done.get)[:2]:
-            for n in neighbours(cands[i], op, machine, fn):
-                add(n)
-        todo = [i for i in range(len(cands)) if i not in done and i not in first]
-        room = max(min(batch, trials - len(done)) - len(first), 0)
+    while len(run.done) < trials:
+        run.grow()
+        todo = [i for i in range(len(run.cands)) if i not in run.done and i not in first]
+        room = max(min(batch, trials - len(run.done)) - len(first), 0)
         if not todo and not first:
             break
-        ok = [i for i in done if math.isfinite(done[i])]
+        ok = run.succeeded()
         if len(ok) >= 2 * batch:
-            model, ranker = LearnedModel(), "own"
-            model.fit([est(i)[1] for i in ok], [done[i] for i in ok], [est(i)[0] for i in ok])
+            model, ranker = run.fitted(ok), "own"
+        run.batch(first, todo, room, trials, model, ranker)
+        first = []
+        n_batch += 1
+        if progress:
+            progress(_progress_line(n_batch, run.done, trials, t0, run.result))
+    return run.finish(model_path, t0)
+
+
+class _Search:
+    """One `tune` run's state: the candidates (grown by neighbours of the best), their
+    analytic estimates and features (computed once each), what was measured, in order, and
+    the result being filled in."""
+
+    def __init__(self, op, machine, fn, db: Database | None, runner: Runner, cands: list):
+        self.op, self.machine, self.fn, self.db, self.runner = op, machine, fn, db, runner
+        self.key = Key.of(op, machine, fn)
+        self.cands = cands
+        self.known = {_key(c): i for i, c in enumerate(cands)}
+        self.ests: dict[int, tuple] = {}  # candidate -> (analytic s, features, twin key)
+        self.done: dict[int, float] = {}  # candidate -> seconds (inf: failed)
+        self.order: list[int] = []
+        self.result = TuneResult({}, math.inf, cands[0].knob_values, math.inf)
+
+    def add(self, s: Schedule) -> int:
+        if _key(s) not in self.known:
+            self.known[_key(s)] = len(self.cands)
+            self.cands.append(s)
+        return self.known[_key(s)]
+
+    def est(self, i: int) -> tuple:
+        if i not in self.ests:
+            c = self.cands[i]
+            e = evaluate(c)
+            prog = program_features(c, e)
+            self.ests[i] = (e.seconds, prog + knob_features(c), twin_key(c, e.seconds, prog))
+        return self.ests[i]
+
+    def resume(self) -> None:
+        """Count what the database measured for this key already (failed ones too)."""
+        for rec in (self.db.measured(self.key).values() if self.db is not None else ()):
+            s = record(self.op, self.machine, self.fn, rec.knobs)
+            if s is not None:
+                i = self.add(s)
+                self.done[i] = rec.seconds if rec.ok else math.inf
+                self.order.append(i)
+                self.result.kind = rec.kind if rec.ok else self.result.kind
+        self.result.resumed = len(self.done)
+
+    def grow(self) -> None:
+        for i in sorted(self.done, key=self.done.get)[:2]:
+            for n in neighbours(self.cands[i], self.op, self.machine, self.fn):
+                self.add(n)
+
+    def succeeded(self) -> list[int]:
+        return [i for i in self.done if math.isfinite(self.done[i])]
+
+    def fitted(self, ok: list[int]) -> LearnedModel:
+        model = LearnedModel()
+        model.fit([self.est(i)[1] for i in ok], [self.done[i] for i in ok],
+                  [self.est(i)[0] for i in ok])
+        return model
+
+    def measure(self, idx: list[int]) -> None:
+        outs = self.runner.run([self.cands[i] for i in idx], self.fn)
+        for i, o in zip(idx, outs):
+            if self.db is not None:
+                self.db.add(_as_record(self.key, self.cands[i].knob_values, o))
+            if o.lost:
+                continue  # the configuration stays a candidate
+            self.done[i] = o.seconds if o.ok else math.inf
+            self.order.append(i)
+            self.result.failed += not o.ok
+            if o.ok:
+                self.result.kind = o.kind
+
+    def batch(self, first, todo, room, trials, model, ranker) -> None:
+        """Measure `first` and the `room` best of `todo` as `model` (else the analytic
+        estimate) ranks them, distinct programs only; record how well the ranking did."""
+        est, done, result = self.est, self.done, self.result
         scored = model is not None
         score = ((model.predict([est(i)[1] for i in todo], [est(i)[0] for i in todo]) if scored
                   else np.log([est(i)[0] for i in todo])) if todo and room else [])
         ranked = distinct([todo[j] for j in np.argsort(score, kind="stable")], room,
                           {est(i)[2] for i in [*done, *first]}, lambda i: est(i)[2])
-        measure((first + ranked)[:trials - len(done)])
-        first = []
-        n_batch += 1
+        self.measure((first + ranked)[:trials - len(done)])
         result.ranked_by.append(ranker)
         if scored and ranked:
             got = [(float(score[todo.index(i)]), done[i]) for i in ranked
@@ -341,27 +371,26 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
             rho = spearman([p for p, _ in got], [t for _, t in got])
             if rho is not None:
                 result.spearman.append((len(done) - len(ranked), rho, ranker))
-        if progress:
-            progress(_progress_line(n_batch, done, trials, t0, result))
-    ok = [i for i in done if math.isfinite(done[i])]
-    if not ok:
-        raise TSLError(f"tuning {op} for {machine.name}: every configuration measured failed "
-                       f"({len(done)}); see the errors in "
-                       f"{db.path if db is not None else 'the runner outcomes'}")
-    if model_path is not None and len(ok) >= 2:
-        final = LearnedModel()
-        final.fit([est(i)[1] for i in ok], [done[i] for i in ok], [est(i)[0] for i in ok])
-        final.save(model_path)
-    best = min(ok, key=done.get)
-    result.knobs, result.seconds = cands[best].knob_values, done[best]
-    result.default_seconds = done.get(0, math.inf)
-    result.log = [(cands[i].knob_values, est(i)[0], done[i]) for i in order]
-    best_so_far = math.inf
-    for i in order:
-        best_so_far = min(best_so_far, done[i])
-        result.trace.append(best_so_far)
-    result.wall_seconds = time.perf_counter() - t0
-    return result
+
+    def finish(self, model_path, t0: float) -> TuneResult:
+        """The result: the best measured knobs, the log and trace; the learned model saved."""
+        done, result, ok = self.done, self.result, self.succeeded()
+        if not ok:
+            raise TSLError(f"tuning {self.op} for {self.machine.name}: every configuration "
+                           f"measured failed ({len(done)}); see the errors in "
+                           f"{self.db.path if self.db is not None else 'the runner outcomes'}")
+        if model_path is not None and len(ok) >= 2:
+            self.fitted(ok).save(model_path)
+        best = min(ok, key=done.get)
+        result.knobs, result.seconds = self.cands[best].knob_values, done[best]
+        result.default_seconds = done.get(0, math.inf)
+        result.log = [(self.cands[i].knob_values, self.est(i)[0], done[i]) for i in self.order]
+        best_so_far = math.inf
+        for i in self.order:
+            best_so_far = min(best_so_far, done[i])
+            result.trace.append(best_so_far)
+        result.wall_seconds = time.perf_counter() - t0
+        return result
 
 
 def twin_key(s: Schedule, seconds: float, prog: list[float]) -> tuple:

@@ -4,7 +4,9 @@ the instruction kinds its machine file names (vector FMA, 4-way int8 dot, 16-bit
 
 from __future__ import annotations
 
-from ...backend import Backend
+from dataclasses import dataclass
+
+from ...backend import Backend, Options
 from ...lower import lower
 from ...tam import host
 from . import codegen, suite
@@ -12,9 +14,17 @@ from .lowering import CPULowering
 from .runtime import CPUArtifact
 
 
+@dataclass(frozen=True)
+class CPUOptions(Options):
+    """`cross`: compile for a machine file this host cannot run (run it with `emulate()`)."""
+
+    cross: bool = False
+
+
 class CPUBackend(Backend):
     name = "cpu"
     default_machine = "x86-avx2"  # what `target="cpu"` means is decided by `default()`
+    Options = CPUOptions
 
     def default(self):
         """The built-in machine that best fits this host (`tsl.tam.detect`; TSL_CPU forces
@@ -24,16 +34,17 @@ class CPUBackend(Backend):
     def for_host(self, machine):
         return machine if host.missing(machine) else host.specialize(machine, host.info())
 
-    def unavailable(self, machine, cross: bool = False, **options) -> str | None:
-        if cross:
+    def unavailable(self, machine, options: CPUOptions | None = None) -> str | None:
+        if options is not None and options.cross:
             return None
         lacks = host.missing(machine)
         return codegen.unavailable_message(machine, lacks) if lacks else None
 
-    def build(self, schedule, cross: bool = False, **options) -> CPUArtifact:
+    def _build(self, schedule, options: CPUOptions) -> CPUArtifact:
         ctx = lower(schedule, CPULowering(schedule.machine, schedule.primitive))
         return CPUArtifact(schedule, ctx,
-                           codegen.compile_module(ctx.sch.mod, schedule.machine, cross), cross)
+                           codegen.compile_module(ctx.sch.mod, schedule.machine, options.cross),
+                           options.cross)
 
     def measure(self, art: CPUArtifact, rounds: int = 5):
         """The time of a run on random inputs (an `Estimate` of kind "measured"): the best of

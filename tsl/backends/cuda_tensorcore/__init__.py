@@ -10,7 +10,9 @@ Building needs no GPU (nor nvcc: the CUDA source is TVM's); `.ptx()`, `.resource
 
 from __future__ import annotations
 
-from ...backend import Backend
+from dataclasses import dataclass
+
+from ...backend import Backend, Options
 from ...errors import ScheduleError
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
@@ -19,18 +21,32 @@ from .lowering import TensorCoreLowering
 from .runtime import TensorCoreArtifact
 
 
+@dataclass(frozen=True)
+class TensorCoreOptions(Options):
+    """`wgmma`: on sm_90, build fp16/bf16 GEMMs as the TMA + wgmma kernel (hopper.py) in place
+    of the default schedule (a schedule function or knobs given to tsl.build are built as
+    written: `schedule.as_written`)."""
+
+    wgmma: bool = True
+
+
 class TensorCoreBackend(Backend):
     name = "cuda_tensorcore"
     default_machine = "tensorcore-sm90"
+    Options = TensorCoreOptions
 
-    def unavailable(self, machine, **options) -> str | None:
+    def unavailable(self, machine, options: TensorCoreOptions | None = None) -> str | None:
         return None  # CUDA source is generated without a GPU; nvcc is checked where needed
 
-    def build(self, schedule, wgmma: bool = True, **options) -> TensorCoreArtifact:
-        """`wgmma`: on sm_90, build fp16/bf16 GEMMs as the TMA + wgmma kernel (hopper.py) in
-        place of the default schedule (a schedule function or knobs given to tsl.build are
-        built as written: `schedule.as_written`)."""
-        if wgmma and not schedule.as_written and hopper.applies(schedule):
+    def relax_options(self, machine) -> dict:
+        """The warp-level kernel inside a Relax model: the sm_90a wgmma one is a TIRx function
+        whose host part encodes TMA descriptors, which Relax's lowering does not take."""
+        return {"wgmma": False}
+
+    def _build(self, schedule, options: TensorCoreOptions) -> TensorCoreArtifact:
+        """The TMA + wgmma kernel where `options.wgmma` and it applies, else the WMMA /
+        mma.sync lowering of the schedule (`TensorCoreOptions`)."""
+        if options.wgmma and not schedule.as_written and hopper.applies(schedule):
             return hopper.build(schedule)
         ctx = lower(schedule, TensorCoreLowering(schedule.machine, schedule.primitive))
         return TensorCoreArtifact(schedule, ctx, codegen.generate(ctx.sch.mod, schedule.machine))

@@ -8,8 +8,9 @@ artifact's estimate price the same kernel)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from ...backend import Backend
+from ...backend import Backend, Options
 from ...errors import ScheduleError, TSLError, LoweringError
 from ...lower import lower
 from ...ops import bias, conv2d, dense, matmul, relu
@@ -27,11 +28,24 @@ RESNET18 = [(56, 64, 64, 3, 1, 1), (56, 64, 128, 3, 1, 2), (56, 64, 128, 1, 0, 2
             (7, 512, 512, 3, 1, 1)]
 
 
+@dataclass(frozen=True)
+class TPUOptions(Options):
+    """`emitter="mosaic"`: the Mosaic kernel (MosaicArtifact); `"stablehlo"`: the while-loop
+    program of the schedule's tiles (TPUArtifact)."""
+
+    emitter: str = "mosaic"
+
+    def __post_init__(self):
+        if self.emitter not in EMITTERS:
+            raise ScheduleError(f"emitter={self.emitter!r}: the TPU back end emits {EMITTERS}")
+
+
 class TPUBackend(Backend):
     name = "tpu"
     default_machine = "tpu-v5e"
+    Options = TPUOptions
 
-    def unavailable(self, machine, **options) -> str | None:
+    def unavailable(self, machine, options: TPUOptions | None = None) -> str | None:
         return None  # emitting needs no jax; running says what to install
 
     def check(self, schedule) -> None:
@@ -44,13 +58,9 @@ class TPUBackend(Backend):
         check_vmem(schedule)
         check_plan(schedule_plan(schedule, int(schedule.machine.params["tiling"][0])), schedule)
 
-    def build(self, schedule, emitter: str = "mosaic", **options):
-        """`emitter="mosaic"`: the Mosaic kernel (MosaicArtifact); `"stablehlo"`: the
-        while-loop program of the schedule's tiles (TPUArtifact)."""
-        if options:
-            raise TypeError(f"the TPU back end takes only emitter=, got {sorted(options)}")
-        if emitter not in EMITTERS:
-            raise ScheduleError(f"emitter={emitter!r}: the TPU back end emits {EMITTERS}")
+    def _build(self, schedule, options: TPUOptions):
+        """The artifact of the emitter `options.emitter` names (`TPUOptions`)."""
+        emitter = options.emitter
         schedule.op.epilogue.require(("bias", "relu", "shift", "clip"), "the TPU back end")
         check_tensorized(schedule)
         check_hbm(schedule)

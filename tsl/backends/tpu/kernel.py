@@ -68,14 +68,18 @@ class MosaicArtifact(Artifact):
         VMEM blocks and scratch, `dimension_semantics` per grid axis."""
         return mosaic.mosaic_text(self.hlo())
 
-    def run(self, *arrays: np.ndarray) -> np.ndarray:
+    def prepare(self, arrays) -> list[np.ndarray]:
+        """The checked arrays as they are: the program pads (and crops) inside itself, since a
+        TPU host runs the exported program on the user's arrays."""
+        return self.check_inputs(arrays)
+
+    def _execute(self, packed: list[np.ndarray]) -> np.ndarray:
         """The kernel in Pallas interpret mode on XLA:CPU (numerics only)."""
-        xs = self.check_inputs(arrays)
         if self._run is None:
             import jax
 
             self._run = jax.jit(self._fn(True))
-        return np.asarray(self._run(*xs))
+        return np.asarray(self._run(*packed))
 
     def export(self, path) -> dict:
         """Write the serialized `jax.export.Exported` for platform "tpu" to `path` and its

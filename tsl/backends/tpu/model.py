@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from ...errors import ScheduleError
-from ...model import Estimate, Program, Transfer, evaluate, register_program
+from ...model import Estimate, Program, Transfer, TransferKind, evaluate, register_program
 from ...tam.machine import Machine, dtype_bytes
 from .plan import Axis, Block, Plan, conv_plan_for, gemm_passes, schedule_plan
 
@@ -81,8 +81,8 @@ def program(plan: Plan, m: Machine) -> Program:
     for b in plan.inputs:
         moved = plan.moved_bytes(b)
         load += moved
-        transfers.append(_transfer(f"{b.name} block {_shape(b)}", vmem, hbm.name, moved,
-                                   hbm_bw, cores))
+        transfers.append(_transfer(TransferKind.TILE, f"{b.name} block {_shape(b)}", vmem,
+                                   hbm.name, moved, hbm_bw, cores))
     # An output block is written back when the next step moves to another block (and after
     # the last step).
     held = np.ceil(plan.out.in_bounds(plan.block_indices(plan.out))
@@ -92,11 +92,13 @@ def program(plan: Plan, m: Machine) -> Program:
     store_at = np.where(leaves, held, 0.0)
     # Paths are named by the level whose bandwidth they use: the write-back is HBM's, the
     # operand and accumulator tiles between VMEM and the MXUs VMEM's own.
-    transfers.append(_transfer(f"C write-back of {_shape(plan.out)} blocks", hbm.name,
+    transfers.append(_transfer(TransferKind.WRITE_BACK,
+                               f"C write-back of {_shape(plan.out)} blocks", hbm.name,
                                hbm.name, store_at, hbm_bw, cores))
-    transfers.append(Transfer("VMEM <-> MXU operand and accumulator tiles", vmem, vmem, S,
-                              math.ceil(vmem_step), bandwidth=vmem_bw, units=cores,
-                              hidden=1.0))
+    transfers.append(Transfer(kind=TransferKind.TILE,
+                              what="VMEM <-> MXU operand and accumulator tiles", level=vmem,
+                              parent=vmem, fills=S, bytes=math.ceil(vmem_step),
+                              bandwidth=vmem_bw, units=cores, hidden=1.0))
     steps = plan.epilogue.steps if plan.epilogue is not None else ()
     epi = store_at > 0
     vpu_step = rows8 * cols * max(1, len(steps)) / vpu
@@ -118,8 +120,9 @@ def program(plan: Plan, m: Machine) -> Program:
     overhead = S * _p(m, "grid_step_cycles")
     for p in plan.passes:
         if p.read + p.written:
-            transfers.append(Transfer(f"XLA pass: {p.what}", hbm.name, hbm.name, 1,
-                                      p.read + p.written, bandwidth=hbm_bw,
+            transfers.append(Transfer(kind=TransferKind.PASS, what=f"XLA pass: {p.what}",
+                                      level=hbm.name, parent=hbm.name, fills=1,
+                                      bytes=p.read + p.written, bandwidth=hbm_bw,
                                       shared_bandwidth=hbm_bw, hidden=0.0))
     macs = S * tiles * rows8 * prim.k * prim.n
     notes = [f"grid {tuple(a.extent for a in plan.grid)} = {S:,} steps "
@@ -149,10 +152,12 @@ def _shape(b: Block) -> tuple:
     return tuple(x for x in b.block if x is not None)
 
 
-def _transfer(what, level, parent, moved: np.ndarray, bw: float, cores: int) -> Transfer:
+def _transfer(kind: TransferKind, what: str, level, parent, moved: np.ndarray, bw: float,
+              cores: int) -> Transfer:
     fills = int(np.count_nonzero(moved))
     per = math.ceil(moved.sum() / fills) if fills else 0
-    return Transfer(what, level, parent, fills, per, bandwidth=bw / cores,
+    return Transfer(kind=kind, what=what, level=level, parent=parent, fills=fills, bytes=per,
+                    bandwidth=bw / cores,
                     shared_bandwidth=bw, units=cores, hidden=1.0)
 
 

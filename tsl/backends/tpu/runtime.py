@@ -14,7 +14,7 @@ import numpy as np
 
 from ...artifact import Artifact
 from ...errors import BackendUnavailable, LoweringError, ScheduleError
-from ...model import Estimate, Transfer, evaluate
+from ...model import Estimate, Transfer, TransferKind, evaluate
 from ...ops.operator import Operator
 from ...primitives.schedule import Schedule
 from ...tam.machine import dtype_bytes
@@ -135,7 +135,8 @@ def estimate(s: Schedule, big: Operator, structure: codegen.Structure) -> Estima
     p, hbm = s.primitive, s.machine.memory[0]
 
     def once(what: str, nbytes: int) -> Transfer:
-        return Transfer(what, hbm.name, hbm.name, 1, nbytes, bandwidth=hbm.bandwidth,
+        return Transfer(kind=TransferKind.PASS, what=what, level=hbm.name, parent=hbm.name,
+                        fills=1, bytes=nbytes, bandwidth=hbm.bandwidth,
                         shared_bandwidth=hbm.bandwidth)
 
     extra = [once("padding pass", src + dst) for src, dst in structure.pads]

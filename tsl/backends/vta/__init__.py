@@ -3,7 +3,9 @@ shared schedule's TIR to VTA programs. See docs/vta.md for the machine."""
 
 from __future__ import annotations
 
-from ...backend import Backend
+from dataclasses import dataclass
+
+from ...backend import Backend, Options
 from ...errors import LoweringError
 from ...lower import lower
 from . import codegen
@@ -11,16 +13,24 @@ from .lowering import VTALowering
 from .runtime import VTAArtifact
 
 
+@dataclass(frozen=True)
+class VTAOptions(Options):
+    """`cthreads`: lay out virtual threads as TVM's cthread injection does (a copy of every
+    tile per thread, each leaf for every thread in turn), and load each micro-op kernel on its
+    own as TVM's runtime does, for the classic baseline (`classic.build`)."""
+
+    cthreads: bool = False
+
+
 class VTABackend(Backend):
     name = "vta"
     default_machine = "vta-1x16x16"
     bench_trials = 24
+    Options = VTAOptions
 
-    def build(self, schedule, cthreads: bool = False, **options) -> VTAArtifact:
-        """The VTA program of `schedule`. `cthreads`: lay out virtual threads as TVM's cthread
-        injection does (a copy of every tile per thread, each leaf for every thread in turn),
-        and load each micro-op kernel on its own as TVM's runtime does, for the classic
-        baseline (`classic.build`)."""
+    def _build(self, schedule, options: VTAOptions) -> VTAArtifact:
+        """The VTA program of `schedule` (`VTAOptions` says what `cthreads` changes)."""
+        cthreads = options.cthreads
         op, machine = schedule.op, schedule.machine
         if op.dtype != "int8":
             raise LoweringError(f"{op}: VTA computes int8 x int8 -> int32 only; build the "
