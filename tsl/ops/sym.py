@@ -10,6 +10,8 @@ can be verified at every M it will see.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -114,9 +116,6 @@ class Family:
 def symbolic(fn):
     """Lets an operator constructor take `Sym` dims: called with any, it returns the `Family`
     whose `at(...)` calls `fn` with ints; called with none, it is `fn` itself."""
-    import functools
-    import inspect
-
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
