@@ -9,6 +9,7 @@ from . import model
 from .backend import get_backend, resolve_target
 from .errors import BackendUnavailable, ScheduleError
 from .ops.operator import Operator
+from .ops.sym import Family
 from .primitives.schedule import Schedule
 from .schedules import default_schedule
 from .tam import Machine
@@ -54,6 +55,11 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
     operator's default schedule) and `knobs`: values for the schedule's knobs, or a
     `tsl.tune.Database`, whose best record for (operator, machine, schedule) is used; with no
     record there, the schedule's defaults are, and a warning says so."""
+    if isinstance(op, Family):
+        # Shape-generic compilation (#25 step 2) is not built yet: say so instead of failing
+        # somewhere inside the lowering on a missing shape.
+        raise ScheduleError(f"{op} has symbolic dims {sorted(op.syms)}: tsl cannot compile one "
+                            f"module for a whole range yet; build op.at(...) for each value")
     backend, machine = resolve_target(target)
     why = backend.unavailable(machine, backend.options(**options))
     if why:

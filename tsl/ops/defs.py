@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import ScheduleError
 from .epilogue import as_epilogue, bias as bias_step
+from .sym import symbolic
 from .operator import Axis, Operator, Tensor, acc_numpy, check_dims, check_dtypes, finish
 
 
@@ -144,12 +145,14 @@ def _gemm(name, M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=0):
                     _pad=pad, channel_axis=-1)
 
 
+@symbolic
 def matmul(M: int, N: int, K: int, dtype: str = "float32", acc_dtype: str | None = None,
            transpose_b: bool = False, epilogue=None) -> Operator:
     """C[M,N] = A[M,K] @ B[K,N] (B given as [N,K] when `transpose_b`), then `epilogue`."""
     return _gemm("matmul", M, N, K, dtype, acc_dtype, transpose_b, epilogue)
 
 
+@symbolic
 def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32",
                  acc_dtype: str | None = None, transpose_b: bool = False,
                  epilogue=None) -> Operator:
@@ -157,6 +160,7 @@ def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32",
     return _gemm("batch_matmul", M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=batch)
 
 
+@symbolic
 def dense(batch: int, in_features: int, out_features: int, dtype: str = "float32",
           acc_dtype: str | None = None, epilogue=None) -> Operator:
     """A fully connected layer: out[b, o] = sum_i x[b, i] * W[o, i] (+ bias[o], relu, ...).
@@ -167,6 +171,7 @@ def dense(batch: int, in_features: int, out_features: int, dtype: str = "float32
                  bias_step() if epilogue is None else epilogue)
 
 
+@symbolic
 def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1,
            padding: int = 0, dilation: int = 1, layout: str = "NCHW", dtype: str = "float32",
            acc_dtype: str | None = None, epilogue=None) -> Operator:
