@@ -25,7 +25,7 @@ class VTABackend(Backend):
         if op.dtype != "int8":
             raise LoweringError(f"{op}: VTA computes int8 x int8 -> int32 only; build the "
                                 f"operator with dtype='int8'")
-        op.epilogue.require(("bias", "relu", "shift", "clip"), "the VTA ALU")
+        op.epilogue.require(("bias", "residual", "relu", "shift", "clip"), "the VTA ALU")
         cfg = codegen.machine_config(machine)
         lowering = VTALowering(machine, schedule.primitive)
         ctx = lower(schedule, lowering)
