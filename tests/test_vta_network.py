@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tsl
+import tsl.relax
 from tsl.backends.vta import classic
 from tsl.backends.vta.isa import Alu, AluOp, Load, Mem
 from tsl.ops import bias, relu, requantize, residual
@@ -54,3 +55,78 @@ def test_a_resnet_layer_with_a_residual_in_the_classic_tiles_and_the_default():
     check(art)
     check(base)
     assert base.estimate().cycles > art.estimate().cycles > 0
+
+
+# -- quantize: power-of-two post-training quantization of an imported float model -----------
+
+@pytest.fixture(scope="module")
+def small_cnn():
+    """A conv-BN-relu, a residual conv-BN block and a linear head, imported through
+    torch.export + TVM's torch frontend, with calibration samples and PyTorch's output."""
+    torch = pytest.importorskip("torch", reason="the import needs PyTorch (the test extra)")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+            self.c2, self.b2 = torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+            self.fc = torch.nn.Linear(16, 10)
+
+        def forward(self, x):
+            y = torch.relu(self.b1(self.c1(x)))
+            z = torch.relu(self.b2(self.c2(y)) + y)
+            return self.fc(torch.nn.functional.adaptive_avg_pool2d(z, 1).flatten(1))
+
+    net = Net().eval()
+    for bn in (net.b1, net.b2):
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.data.uniform_(0.5, 1.5)
+    cal = [np.random.default_rng(i).standard_normal((1, 3, 16, 16), np.float32) for i in range(4)]
+    with torch.no_grad():
+        mod = from_exported_program(torch.export.export(net, (torch.tensor(cal[0]),)))
+        want = net(torch.tensor(cal[0])).numpy()
+    return mod, cal, want
+
+
+def _run(mod, pipeline, x):
+    import tvm
+    from tvm import relax
+
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"), relax_pipeline=pipeline)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return (out[0] if not hasattr(out, "numpy") else out).numpy()
+
+
+def test_quantize_makes_every_layer_int8_with_shift_requantize_and_stays_close(small_cnn):
+    mod, cal, want = small_cnn
+    q = tsl.relax.quantize(mod, calibration=cal, scheme="power_of_two")
+    text = q.script()
+    assert "batch_norm" not in text and text.count('out_dtype="int32"') == 3
+    assert text.count("R.right_shift") == 3
+    rep = tsl.relax.report(q, "cpu")
+    taken = [d for d in rep.decisions if d.taken]
+    assert len(taken) == 3 and all("shift+clip->int8" in d.pattern for d in taken)
+    got = _run(q, tsl.relax.pipeline("cpu"), cal[0])
+    # tsl's int8 kernels and TVM's own lowering of the same quantized graph: bit-exact.
+    np.testing.assert_array_equal(got, _run(q, "default", cal[0]))
+    assert np.abs(got - want).max() < 0.15 * np.abs(want).max()  # against PyTorch's float
+
+
+def test_quantize_can_leave_the_first_layer_in_float(small_cnn):
+    mod, cal, _ = small_cnn
+    q = tsl.relax.quantize(mod, calibration=cal[:1], skip_first=True)
+    assert q.script().count('out_dtype="int32"') == 2
+
+
+def test_quantize_refuses_what_vta_cannot_requantize(small_cnn):
+    from tsl.errors import InputError
+
+    mod, cal, _ = small_cnn
+    with pytest.raises(InputError, match="power_of_two"):
+        tsl.relax.quantize(mod, calibration=cal, scheme="per_channel_float")
+    with pytest.raises(InputError, match="calibration"):
+        tsl.relax.quantize(mod, calibration=[])
