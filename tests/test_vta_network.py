@@ -130,3 +130,25 @@ def test_quantize_refuses_what_vta_cannot_requantize(small_cnn):
         tsl.relax.quantize(mod, calibration=cal, scheme="per_channel_float")
     with pytest.raises(InputError, match="calibration"):
         tsl.relax.quantize(mod, calibration=[])
+
+
+def test_each_quantized_layer_runs_on_vta_bit_exact_with_the_cpu_int8_path(small_cnn):
+    """The int8 layers of the quantized model (tsl.relax.vta_layers.scan), each run in the
+    simulator on the int8 input the CPU computes for it, give the CPU's int8 output."""
+    import tvm
+    from tvm import relax
+
+    from tsl.relax.quantize import probe
+    from tsl.relax.vta_layers import scan
+
+    mod, cal, _ = small_cnn
+    q = tsl.relax.quantize(mod, calibration=cal)
+    fn = relax.transform.ToNonDataflow()(q)["main"]
+    layers, why = scan(fn)
+    assert [l.op.name for l in layers] == ["conv2d", "conv2d", "dense"] and not why
+    (vals,) = probe(fn, [e for l in layers for e in (l.x, l.y)], cal[:1])
+    for i, layer in enumerate(layers):
+        x, want = vals[2 * i], vals[2 * i + 1]
+        assert x.dtype == want.dtype == np.int8 and np.any(x) and np.any(want)
+        got = tsl.build(layer.op, "vta").run(x, *layer.weights)
+        np.testing.assert_array_equal(got, want)

@@ -75,22 +75,30 @@ def _layers(fn) -> list[_Layer]:
     return out
 
 
-def _calibrate(fn, layers, calibration, target) -> None:
-    """Exponents of each layer's input and output from the float function run over the
-    calibration inputs on the CPU."""
+def probe(fn, exprs, samples, target: str = "llvm"):
+    """The values of `exprs` (vars of the non-dataflow function `fn`) for each sample input,
+    from `fn` compiled on the CPU with them as its outputs: a list (per sample) of lists of
+    arrays."""
     import tvm
     from tvm import relax
 
-    exprs = [e for l in layers for e in (l.x, l.root)]
-    probe = relax.Function(fn.params, relax.SeqExpr(fn.body.blocks, relax.Tuple(exprs)),
-                           relax.TupleType([e.ty for e in exprs]))
-    mod = tvm.IRModule({"main": probe})
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
-    amax = np.zeros(len(exprs))
-    for sample in calibration:
+    f = relax.Function(fn.params, relax.SeqExpr(fn.body.blocks, relax.Tuple(exprs)),
+                       relax.TupleType([e.ty for e in exprs]))
+    vm = relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": f}), target=target), tvm.cpu())
+    out = []
+    for sample in samples:
         args = sample if isinstance(sample, (list, tuple)) else (sample,)
-        outs = vm["main"](*[tvm.runtime.tensor(np.asarray(a)) for a in args])
-        amax = np.maximum(amax, [np.abs(o.numpy()).max() for o in outs])
+        vals = vm["main"](*[tvm.runtime.tensor(np.asarray(a)) for a in args])
+        out.append([v.numpy() for v in vals])
+    return out
+
+
+def _calibrate(fn, layers, calibration, target) -> None:
+    """Exponents of each layer's input and output from the float function run over the
+    calibration inputs on the CPU."""
+    exprs = [e for l in layers for e in (l.x, l.root)]
+    amax = np.max([[np.abs(v).max() for v in vals]
+                   for vals in probe(fn, exprs, calibration, target)], axis=0)
     for i, layer in enumerate(layers):
         layer.sx, layer.sy = _exponent(amax[2 * i]), _exponent(amax[2 * i + 1])
 
