@@ -152,3 +152,18 @@ def test_each_quantized_layer_runs_on_vta_bit_exact_with_the_cpu_int8_path(small
         assert x.dtype == want.dtype == np.int8 and np.any(x) and np.any(want)
         got = tsl.build(layer.op, "vta").run(x, *layer.weights)
         np.testing.assert_array_equal(got, want)
+
+
+def test_the_network_runs_with_its_layers_on_vta_bit_exact_and_the_classic_baseline_runs(small_cnn):
+    from tsl.relax.vta_run import run_vta
+
+    mod, cal, _ = small_cnn
+    q = tsl.relax.quantize(mod, calibration=cal)
+    want = _run(q, tsl.relax.pipeline("cpu"), cal[1])
+    (got,), stats = run_vta(q, cal[1])
+    np.testing.assert_array_equal(got, want)
+    assert len(stats["layers"]) == 3 and stats["cycles"] == sum(
+        l["cycles"] for l in stats["layers"]) > 0
+    assert all(l["sim_s"] > 0 for l in stats["layers"]), "every VTA layer ran in the simulator"
+    (base,), bstats = run_vta(q, cal[1], classic=True)
+    np.testing.assert_array_equal(base, want)
