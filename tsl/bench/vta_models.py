@@ -57,5 +57,25 @@ def row(model: str, target: str, hw: int = 224) -> dict:
             "compile_s": compile_s}
 
 
-def rows(targets: list[str], models=("resnet18",)) -> list[dict]:
-    return [row(m, t) for m in models for t in targets]
+def main(targets: list[str], json_path: str | None = None, models=("resnet18",)) -> int:
+    """Print (and with `json_path` write) one row per model and VTA target."""
+    import json
+
+    from ..backend import resolve_target
+
+    for t in targets:
+        if resolve_target(t)[0].name != "vta":
+            raise SystemExit(f"--models --targets {t}: whole-network rows run on VTA machines "
+                             "(vta-1x16x16, vta-1x32x32); drop --targets for the CPU models")
+    out = []
+    for m in models:
+        for t in targets:
+            r = row(m, t)
+            out.append(r)
+            print(f"{m:10s} {t:12s} exact={r['exact']} cycles={r['cycles']:,} classic="
+                  f"{r['classic_cycles']:,} speedup={r['speedup']:.2f}x cpu={r['cpu_ms']:.1f} ms "
+                  f"sim={r['sim_s']:.1f} s compile={r['compile_s']:.1f} s", flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0 if all(r["exact"] for r in out) else 1
