@@ -165,5 +165,6 @@ def test_the_network_runs_with_its_layers_on_vta_bit_exact_and_the_classic_basel
     assert len(stats["layers"]) == 3 and stats["cycles"] == sum(
         l["cycles"] for l in stats["layers"]) > 0
     assert all(l["sim_s"] > 0 for l in stats["layers"]), "every VTA layer ran in the simulator"
+    assert stats["model_cycles"] == sum(l["model_cycles"] for l in stats["layers"]) > 0
     (base,), bstats = run_vta(q, cal[1], classic=True)
     np.testing.assert_array_equal(base, want)

@@ -53,7 +53,7 @@ def row(model: str, target: str, hw: int = 224) -> dict:
                                                             and np.array_equal(bgot, want)),
             "vta_layers": len(stats["layers"]), "cycles": stats["cycles"],
             "classic_cycles": bstats["cycles"], "speedup": bstats["cycles"] / stats["cycles"],
-            "model_cycles": None, "cpu_ms": 1e3 * stats["cpu_s"], "sim_s": stats["sim_s"],
+            "model_cycles": stats["model_cycles"], "cpu_ms": 1e3 * stats["cpu_s"], "sim_s": stats["sim_s"],
             "compile_s": compile_s}
 
 

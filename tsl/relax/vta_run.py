@@ -64,8 +64,9 @@ class VTANetwork:
         return run
 
     def __call__(self, x):
-        """(outputs, stats): stats has the simulated cycles per VTA layer (the cycle model of
-        the simulator), their total, the simulator's wall time and the whole run's."""
+        """(outputs, stats): stats has the simulated cycles per VTA layer (the simulator's
+        cycle model) and the cost model's prediction (`tsl.model.evaluate`), their totals, the
+        simulator's wall time and the whole run's."""
         import tvm
 
         self.seconds = [0.0] * len(self.layers)
@@ -73,9 +74,13 @@ class VTANetwork:
         out = self.vm["main"](tvm.runtime.tensor(np.asarray(x)))
         wall = time.perf_counter() - t
         outs = [o.numpy() for o in out] if not hasattr(out, "numpy") else [out.numpy()]
-        per = [{"layer": str(layer.op), "cycles": art.estimate().cycles, "sim_s": s}
+        from ..model import evaluate
+
+        per = [{"layer": str(layer.op), "cycles": art.estimate().cycles,
+                "model_cycles": evaluate(art.schedule).cycles, "sim_s": s}
                for (layer, art), s in zip(self.layers, self.seconds)]
         return outs, {"layers": per, "cycles": sum(p["cycles"] for p in per),
+                      "model_cycles": sum(p["model_cycles"] for p in per),
                       "sim_s": sum(self.seconds), "wall_s": wall,
                       "cpu_s": wall - sum(self.seconds), "cpu_reasons": self.cpu_reasons}
 
