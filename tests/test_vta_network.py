@@ -168,3 +168,8 @@ def test_the_network_runs_with_its_layers_on_vta_bit_exact_and_the_classic_basel
     assert stats["model_cycles"] == sum(l["model_cycles"] for l in stats["layers"]) > 0
     (base,), bstats = run_vta(q, cal[1], classic=True)
     np.testing.assert_array_equal(base, want)
+
+
+def test_a_model_for_vta_compiles_for_the_host_cpu():
+    assert tsl.relax.tvm_target("vta").kind.name == "llvm"
+    assert str(tsl.relax.tvm_target("vta-1x32x32")) == str(tsl.relax.tvm_target("cpu"))

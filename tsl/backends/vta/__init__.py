@@ -41,6 +41,15 @@ class VTABackend(Backend):
                                    split_tail=not cthreads)
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
 
+    def tvm_target(self, machine):
+        """The host CPU's target (as the CPU back end gives it): a Relax model for VTA is
+        compiled for the host, and its VTA layers run as calls of their programs
+        (`tsl.relax.run_vta`)."""
+        from ...backend import resolve_target
+
+        be, host = resolve_target("cpu")
+        return be.tvm_target(host)
+
     def measure(self, art: VTAArtifact):
         """Simulated cycles (an `Estimate` of kind "simulated"): what `tsl.tune` minimizes."""
         return art.estimate()
