@@ -46,15 +46,16 @@ def row(model: str, target: str, hw: int = 224) -> dict:
     (got,), stats = net(x)
     base = VTANetwork(q, target, classic=True)
     (bgot,), bstats = base(x)
-    ex = tvm.compile(q, target=tsl.relax.tvm_target("cpu"), relax_pipeline=tsl.relax.pipeline("cpu"))
+    ex = tvm.compile(q, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"))
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
     want = (out[0] if not hasattr(out, "numpy") else out).numpy()
-    return {"model": model, "target": target, "exact": bool(np.array_equal(got, want)
-                                                            and np.array_equal(bgot, want)),
+    exact = bool(np.array_equal(got, want) and np.array_equal(bgot, want))
+    return {"model": model, "target": target, "exact": exact,
             "vta_layers": len(stats["layers"]), "cycles": stats["cycles"],
             "classic_cycles": bstats["cycles"], "speedup": bstats["cycles"] / stats["cycles"],
-            "model_cycles": stats["model_cycles"], "cpu_ms": 1e3 * stats["cpu_s"], "sim_s": stats["sim_s"],
-            "compile_s": compile_s}
+            "model_cycles": stats["model_cycles"], "cpu_ms": 1e3 * stats["cpu_s"],
+            "sim_s": stats["sim_s"], "compile_s": compile_s}
 
 
 def main(targets: list[str], json_path: str | None = None, models=("resnet18",)) -> int:

@@ -29,6 +29,7 @@ class VTANetwork:
 
         from .. import build
         from ..backends.vta import classic as classic_vta
+        from . import pipeline, tvm_target
 
         fn = relax.transform.ToNonDataflow()(qmod)["main"]
         layers, self.cpu_reasons = scan(fn)
@@ -49,8 +50,6 @@ class VTANetwork:
         f = relax.Function(fn.params, relax.SeqExpr(blocks, fn.body.body), fn.body.body.ty,
                            attrs=fn.attrs)
         mod = relax.transform.DeadCodeElimination()(tvm.IRModule({"main": f}))
-        from . import pipeline, tvm_target
-
         t = time.perf_counter()
         self.vm = relax.VirtualMachine(tvm.compile(mod, target=tvm_target("cpu"),
                                                    relax_pipeline=pipeline("cpu")), tvm.cpu())
