@@ -162,6 +162,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.realtime:
         timing.request()
+    if args.models and args.targets:
+        # Whole networks on a simulated accelerator (VTA): quantized, partitioned, simulated.
+        from .vta_models import main as vta_main
+
+        return vta_main(args.targets.split(","), args.json)
     if args.models:
         from .models import main as models_main
 

@@ -15,8 +15,10 @@ a tuning database) and swapped in (`tsl.relax.swap`); everything else is TVM's.
 from __future__ import annotations
 
 from .imports import fold_batch_norm, import_passes
+from .quantize import quantize
 from .swap import Decision, Report, swap_pass
 from .targets import machine_for, tvm_target
+from .vta_run import run_vta
 
 
 def _stages(tvm_tgt):
@@ -67,4 +69,4 @@ def report(mod, target, database=None) -> Report:
     return plan(fused, machine_for(target), database)[1]
 
 
-__all__ = ["pipeline", "report", "swap_pass", "fold_batch_norm", "machine_for", "tvm_target", "Report", "Decision"]
+__all__ = ["pipeline", "report", "quantize", "run_vta", "swap_pass", "fold_batch_norm", "machine_for", "tvm_target", "Report", "Decision"]

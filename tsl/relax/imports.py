@@ -58,7 +58,7 @@ def fold_batch_norm():
         bias = None
         if b is not None:
             bias = b.args[1].value.numpy()
-            if bias.size != c.args[1].struct_info.shape[0]:
+            if bias.size != c.args[1].value.shape[0]:
                 return expr
         y = _folded(c, bias, matches[bn])
         return expr if y is None else y

@@ -35,7 +35,7 @@ class VTABackend(Backend):
         if op.dtype != "int8":
             raise LoweringError(f"{op}: VTA computes int8 x int8 -> int32 only; build the "
                                 f"operator with dtype='int8'")
-        op.epilogue.require(("bias", "relu", "shift", "clip"), "the VTA ALU")
+        op.epilogue.require(("bias", "residual", "relu", "shift", "clip"), "the VTA ALU")
         cfg = codegen.machine_config(machine)
         lowering = VTALowering(machine, schedule.primitive)
         ctx = lower(schedule, lowering)
@@ -50,6 +50,15 @@ class VTABackend(Backend):
                                    thread_major=not cthreads, batch_uops=not cthreads,
                                    split_tail=not cthreads)
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})
+
+    def tvm_target(self, machine):
+        """The host CPU's target (as the CPU back end gives it): a Relax model for VTA is
+        compiled for the host, and its VTA layers run as calls of their programs
+        (`tsl.relax.run_vta`)."""
+        from ...backend import resolve_target
+
+        be, host = resolve_target("cpu")
+        return be.tvm_target(host)
 
     def measure(self, art: VTAArtifact):
         """Simulated cycles (an `Estimate` of kind "simulated"): what `tsl.tune` minimizes."""

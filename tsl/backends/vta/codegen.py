@@ -288,9 +288,11 @@ def read_tir(func) -> Kernel:
                 acc = accs[0]
                 access = {"out": (dst, idx),
                           "acc": (acc.source, [affine(i, env) for i in acc.indices])}
-                bias = [l for l in loads if scope(l.source) != "acc"]
-                if bias:
-                    access["bias"] = (bias[0].source, [affine(i, env) for i in bias[0].indices])
+                for l in loads:
+                    # The bias is a channel vector; the residual has the output's dims.
+                    if scope(l.source) != "acc":
+                        role = "bias" if len(l.indices) == 1 else "residual"
+                        access[role] = (l.source, [affine(i, env) for i in l.indices])
                 return Leaf("epilogue", access)
             if blk.name_hint == "out" and not loads:
                 raise LoweringError(f"the epilogue makes every output the constant {body.value} "
@@ -397,6 +399,7 @@ class _Emitter:
         self.scratch_zeroed = set()  # threads whose hazard-padding ACC entries are zeroed
         self.leafless = set()  # loops with no leaf below (a padding stage the DMA replaces)
         self._index(kernel.root)
+        self.residual_entries = self._residual_entries()
         self.epilogues_left = {}  # epilogue leaf -> its instances not emitted yet
         self._count_epilogues(kernel.root, 1)
         self.depth = {"inp": config.inp_depth, "wgt": config.wgt_depth, "acc": config.acc_depth}
@@ -436,6 +439,22 @@ class _Emitter:
                     self.epilogues_left[leaf] = self.epilogues_left.get(leaf, 0) + n
             elif ch not in self.leafless:
                 self._count_epilogues(ch, n * ch.extent)
+
+    def _residual_entries(self) -> int:
+        """ACC entries below the bias at the end of each thread's share that hold the residual
+        (LOAD ACC_8BIT) for the ALU ADD of a residual step: the accumulator tile's size, or what
+        the share leaves beside the tile, the bias and the hazard scratch (the residual is then
+        added in pieces, `_add_residual`)."""
+        tiles = [math.prod(self.tile(b)[3]) for b, l in self.defining.items()
+                 if l.kind == "epilogue" and "residual" in l.access]
+        if not tiles:
+            return 0
+        free = (self.c.acc_depth // self.threads - max(tiles) - self.bias_entries
+                - HAZARD_DISTANCE)
+        if free < 1:
+            raise LoweringError(f"{self.op}: the accumulator tile leaves no ACC entry for the "
+                                "residual; use smaller tiles")
+        return min(max(tiles), free)
 
     def _bias_entries(self, leaf):
         idx = leaf.access["bias"][1][0]
@@ -491,10 +510,11 @@ class _Emitter:
         entries = math.prod(shape)
         share = self.depth[kind] // self.threads
         nslots = leaf.stages if leaf.kind == "copy" else 1
-        need = entries * nslots + (self.bias_entries if kind == "acc" else 0)
-        if need > share:
+        reserved = self.bias_entries + self.residual_entries if kind == "acc" else 0
+        if entries * nslots + reserved > share:
+            need = entries * nslots + reserved
             raise LoweringError(f"{buf.name}: {nslots} tile(s) of {entries} entries"
-                                f"{' + bias' if kind == 'acc' and self.bias_entries else ''} "
+                                f"{' + bias / residual' if reserved else ''} "
                                 f"need {need} {kind} entries, but each of {self.threads} "
                                 f"virtual thread(s) has {share}; use smaller tiles")
         return tid * share + slot * entries
@@ -732,7 +752,7 @@ class _Emitter:
             split = _tail_pieces(chain, oidx, dst, origin, shape)
             # Worth it when the STORE it leaves exposed shrinks by more than the ALU
             # instructions it adds take to start (one pipeline fill each).
-            ops = sum(1 if st.kind == "bias" else len(_alu_ops(st))
+            ops = sum(1 if st.operand else len(_alu_ops(st))
                       for st in self.op.epilogue.steps)
             if split and (self._store_cycles(obuf, origin, shape, dst.at({}))
                           - self._store_cycles(obuf, split[-1][1], split[-1][2],
@@ -751,6 +771,9 @@ class _Emitter:
                                    lambda *a: Alu(*a[:8], AluOp.ADD),
                                    reads=[("acc", 0), ("acc", 1)], writes=[("acc", 0)])
                     continue
+                if step.kind == "residual":
+                    self._add_residual(leaf, tid, d.at({}), at, part)
+                    continue
                 for alu_op, imm in _alu_ops(step):
                     self.loop_insn(here, [d, Aff(), Aff()],
                                    lambda *a, o=alu_op, i=imm: Alu(*a[:8], o, True, i),
@@ -763,6 +786,31 @@ class _Emitter:
         self.dma(Store, Mem.OUT, obuf, obuf.name, origin, shape, sram, "acc", pad=False)
         stores, self.out = self.out, out
         return sum(insn_cycles(it.insn, self.c) for it in stores)
+
+    def _add_residual(self, leaf, tid, acc: int, origin, shape):
+        """The residual of the accumulator tile at ACC entry `acc` (dense row-major over
+        `shape`, output tile at `origin`): LOADs ACC_8BIT of it (the output's blocked layout;
+        int8 sign-extended into ACC) below the bias entries of this thread's share, each
+        followed by one ALU ADD over the entries it brought. A tile larger than the entries
+        reserved for the residual goes in boxes of whole rows of its inner dims, each
+        contiguous in the tile."""
+        share = self.c.acc_depth // self.threads
+        sram = (tid + 1) * share - self.bias_entries - self.residual_entries
+        rbuf, _ = leaf.access["residual"]
+        j = next(d for d in range(len(shape)) if math.prod(shape[d + 1:]) <= self.residual_entries)
+        inner = math.prod(shape[j + 1:])
+        rows = self.residual_entries // inner
+        for head in itertools.product(*[range(n) for n in shape[:j]]):
+            for r0 in range(0, shape[j], rows):
+                box = [1] * j + [min(rows, shape[j] - r0)] + list(shape[j + 1:])
+                at = [o + i for o, i in zip(origin, list(head) + [r0] + [0] * (len(shape) - j - 1))]
+                off = sum(i * math.prod(shape[d + 1:]) for d, i in enumerate(list(head) + [r0]))
+                n = math.prod(box)
+                self.dma(Load, Mem.ACC_8BIT, rbuf, rbuf.name, at, box, sram, "acc", pad=False)
+                lo, hi = self.uop_kernel(np.array([[acc + off, sram, 0]], dtype=np.int64))
+                self.out.append(_Insn(Alu(lo, hi, 1, n, 0, 1, 0, 1, AluOp.ADD),
+                                      [("acc", acc + off, acc + off + n), ("acc", sram, sram + n)],
+                                      [("acc", acc + off, acc + off + n)]))
 
     def _load_bias(self, leaf, env, tid, chain) -> Aff:
         """LOAD ACC of the tile's bias entries to the end of this thread's acc share; the ALU
@@ -854,7 +902,7 @@ class _Emitter:
         below the bias entries at the end of the thread's share, zeroed (by a reset GEMM) the
         first time the thread uses them, so that no uop reads an entry nothing wrote."""
         share = self.c.acc_depth // self.threads
-        base = (tid + 1) * share - self.bias_entries - HAZARD_DISTANCE
+        base = (tid + 1) * share - self.bias_entries - self.residual_entries - HAZARD_DISTANCE
         tiles = max((math.prod(self.tile(b)[3]) for b in self.defining
                      if b.scope().split(".")[-1] == "acc"), default=0)
         if base < tid * share + tiles:

@@ -82,6 +82,12 @@ class VTALowering(Lowering):
         sch, lay = ctx.sch, self.blocked(ctx.op, "out")
         out = sch.get_sblock("out")
         sch.transform_layout(out, ("write", 0), lay.index_map)
+        if "residual" in [t.role for t in ctx.op.inputs]:
+            # The residual (the output's shape) is passed in the output's blocked layout, so
+            # that one LOAD ACC_8BIT brings a tile of it next to the accumulator tile.
+            names = [r.source.name for r in sch.get(out).reads]
+            sch.transform_layout(out, ("read", names.index("residual")), lay.index_map)
+            ctx.layouts[ctx.input_index("residual")] = lay
         # Split the channel loop into blocks and lanes, so that each loop walks one dim of the
         # blocked output (the codegen's index analysis is affine per loop).
         loops = sch.get_loops(out)[-len(ctx.op.output.shape):]

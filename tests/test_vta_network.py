@@ -1,0 +1,175 @@
+"""VTA pieces for whole networks: the residual epilogue step (a ResNet skip connection) runs on
+VTA as LOAD ACC_8BIT of the int8 residual tile + ALU ADD before the requantize, bit-exact with
+NumPy, in the project's programs and in the classic baseline's."""
+
+import numpy as np
+import pytest
+
+import tsl
+import tsl.relax
+from tsl.backends.vta import classic
+from tsl.backends.vta.isa import Alu, AluOp, Load, Mem
+from tsl.ops import bias, relu, requantize, residual
+
+
+def check(art, seed=3):
+    xs = art.op.random_inputs(seed)
+    res = xs[[t.name for t in art.op.inputs].index("residual")]
+    assert res.dtype == np.int8 and np.any(res < 0) and np.any(res > 0)
+    np.testing.assert_array_equal(art.run(*xs), art.op.reference(*xs))
+    return xs
+
+
+@pytest.mark.parametrize("op", [
+    tsl.ops.conv2d(1, 32, 10, 10, 48, 3, 3, padding=1, dtype="int8",
+                   epilogue=bias() + residual() + requantize(8, clip=(0, 127))),
+    tsl.ops.conv2d(1, 24, 8, 8, 40, 1, 1, stride=2, dtype="int8",
+                   epilogue=residual() + relu() + requantize(4)),       # 40: not a multiple of 16
+    tsl.ops.matmul(33, 40, 50, dtype="int8", epilogue=residual() + requantize(6)),
+], ids=str)
+def test_a_residual_step_runs_on_the_alu_bit_exact(op):
+    art = tsl.build(op, "vta")
+    check(art)
+    insns = art.program().insns
+    loads = [i for i in insns if isinstance(i, Load) and i.mem == Mem.ACC_8BIT]
+    adds = [i for i in insns if isinstance(i, Alu) and i.alu_op == AluOp.ADD and not i.use_imm]
+    assert loads and adds, "the residual is loaded into ACC and added there, not on the host"
+
+
+def test_the_residual_is_added_before_the_shift_so_the_order_matters():
+    """residual + requantize and requantize-then-add differ: the program follows the steps."""
+    op = tsl.ops.conv2d(1, 16, 6, 6, 16, 3, 3, padding=1, dtype="int8",
+                        epilogue=residual() + requantize(6))
+    art = tsl.build(op, "vta")
+    x, w, r = check(art, seed=7)
+    acc = tsl.ops.conv2d(1, 16, 6, 6, 16, 3, 3, padding=1, dtype="int8").reference(x, w)
+    after = np.clip((acc >> 6) + r.astype(np.int32), -128, 127).astype(np.int8)
+    assert not np.array_equal(art.run(x, w, r), after)
+
+
+def test_a_resnet_layer_with_a_residual_in_the_classic_tiles_and_the_default():
+    op = tsl.ops.conv2d(1, 512, 7, 7, 512, 3, 3, padding=1, dtype="int8",
+                        epilogue=bias() + residual() + requantize(8, clip=(0, 127)))
+    art = tsl.build(op, "vta")
+    base = classic.build(op, art.machine)
+    check(art)
+    check(base)
+    assert base.estimate().cycles > art.estimate().cycles > 0
+
+
+# -- quantize: power-of-two post-training quantization of an imported float model -----------
+
+@pytest.fixture(scope="module")
+def small_cnn():
+    """A conv-BN-relu, a residual conv-BN block and a linear head, imported through
+    torch.export + TVM's torch frontend, with calibration samples and PyTorch's output."""
+    torch = pytest.importorskip("torch", reason="the import needs PyTorch (the test extra)")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+            self.c2, self.b2 = torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+            self.fc = torch.nn.Linear(16, 10)
+
+        def forward(self, x):
+            y = torch.relu(self.b1(self.c1(x)))
+            z = torch.relu(self.b2(self.c2(y)) + y)
+            return self.fc(torch.nn.functional.adaptive_avg_pool2d(z, 1).flatten(1))
+
+    net = Net().eval()
+    for bn in (net.b1, net.b2):
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.data.uniform_(0.5, 1.5)
+    cal = [np.random.default_rng(i).standard_normal((1, 3, 16, 16), np.float32) for i in range(4)]
+    with torch.no_grad():
+        mod = from_exported_program(torch.export.export(net, (torch.tensor(cal[0]),)))
+        want = net(torch.tensor(cal[0])).numpy()
+    return mod, cal, want
+
+
+def _run(mod, pipeline, x):
+    import tvm
+    from tvm import relax
+
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"), relax_pipeline=pipeline)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return (out[0] if not hasattr(out, "numpy") else out).numpy()
+
+
+def test_quantize_makes_every_layer_int8_with_shift_requantize_and_stays_close(small_cnn):
+    mod, cal, want = small_cnn
+    q = tsl.relax.quantize(mod, calibration=cal, scheme="power_of_two")
+    text = q.script()
+    assert "batch_norm" not in text and text.count('out_dtype="int32"') == 3
+    assert text.count("R.right_shift") == 3
+    rep = tsl.relax.report(q, "cpu")
+    taken = [d for d in rep.decisions if d.taken]
+    assert len(taken) == 3 and all("shift+clip->int8" in d.pattern for d in taken)
+    got = _run(q, tsl.relax.pipeline("cpu"), cal[0])
+    # tsl's int8 kernels and TVM's own lowering of the same quantized graph: bit-exact.
+    np.testing.assert_array_equal(got, _run(q, "default", cal[0]))
+    assert np.abs(got - want).max() < 0.15 * np.abs(want).max()  # against PyTorch's float
+
+
+def test_quantize_can_leave_the_first_layer_in_float(small_cnn):
+    mod, cal, _ = small_cnn
+    q = tsl.relax.quantize(mod, calibration=cal[:1], skip_first=True)
+    assert q.script().count('out_dtype="int32"') == 2
+
+
+def test_quantize_refuses_what_vta_cannot_requantize(small_cnn):
+    from tsl.errors import InputError
+
+    mod, cal, _ = small_cnn
+    with pytest.raises(InputError, match="power_of_two"):
+        tsl.relax.quantize(mod, calibration=cal, scheme="per_channel_float")
+    with pytest.raises(InputError, match="calibration"):
+        tsl.relax.quantize(mod, calibration=[])
+
+
+def test_each_quantized_layer_runs_on_vta_bit_exact_with_the_cpu_int8_path(small_cnn):
+    """The int8 layers of the quantized model (tsl.relax.vta_layers.scan), each run in the
+    simulator on the int8 input the CPU computes for it, give the CPU's int8 output."""
+    import tvm
+    from tvm import relax
+
+    from tsl.relax.quantize import probe
+    from tsl.relax.vta_layers import scan
+
+    mod, cal, _ = small_cnn
+    q = tsl.relax.quantize(mod, calibration=cal)
+    fn = relax.transform.ToNonDataflow()(q)["main"]
+    layers, why = scan(fn)
+    assert [l.op.name for l in layers] == ["conv2d", "conv2d", "dense"] and not why
+    (vals,) = probe(fn, [e for l in layers for e in (l.x, l.y)], cal[:1])
+    for i, layer in enumerate(layers):
+        x, want = vals[2 * i], vals[2 * i + 1]
+        assert x.dtype == want.dtype == np.int8 and np.any(x) and np.any(want)
+        got = tsl.build(layer.op, "vta").run(x, *layer.weights)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_the_network_runs_with_its_layers_on_vta_bit_exact_and_the_classic_baseline_runs(small_cnn):
+    from tsl.relax.vta_run import run_vta
+
+    mod, cal, _ = small_cnn
+    q = tsl.relax.quantize(mod, calibration=cal)
+    want = _run(q, tsl.relax.pipeline("cpu"), cal[1])
+    (got,), stats = run_vta(q, cal[1])
+    np.testing.assert_array_equal(got, want)
+    assert len(stats["layers"]) == 3 and stats["cycles"] == sum(
+        l["cycles"] for l in stats["layers"]) > 0
+    assert all(l["sim_s"] > 0 for l in stats["layers"]), "every VTA layer ran in the simulator"
+    assert stats["model_cycles"] == sum(l["model_cycles"] for l in stats["layers"]) > 0
+    (base,), bstats = run_vta(q, cal[1], classic=True)
+    np.testing.assert_array_equal(base, want)
+
+
+def test_a_model_for_vta_compiles_for_the_host_cpu():
+    assert tsl.relax.tvm_target("vta").kind.name == "llvm"
+    assert str(tsl.relax.tvm_target("vta-1x32x32")) == str(tsl.relax.tvm_target("cpu"))
