@@ -37,3 +37,34 @@ def test_injective_rule_parallel_vectorized_and_correct():
     c = tvm.runtime.tensor(np.empty((7, 37), "float32"))
     lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
     np.testing.assert_allclose(c.numpy(), np.maximum(a + b, 0), rtol=1e-6)
+
+
+def test_pipeline_vectorizes_relax_glue_and_matches_numpy():
+    import tvm
+    from tvm import relax
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    import tsl.relax
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((5, 19), "float32"), y: R.Tensor((19,), "float32")):
+            with R.dataflow():
+                z = R.nn.relu(R.add(x, y))
+                R.output(z)
+            return z
+
+    ex = tvm.compile(Mod, target=tsl.relax.tvm_target("cpu"), relax_pipeline=tsl.relax.pipeline("cpu"))
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(Mod)
+    prims = [f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert prims and all("tsl.vector" in f.attrs for f in prims)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 19)).astype("float32")
+    y = rng.standard_normal(19).astype("float32")
+    out = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy()
+    np.testing.assert_allclose(out, np.maximum(x + y, 0), rtol=1e-6)

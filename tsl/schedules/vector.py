@@ -5,7 +5,8 @@ per vector register for the output dtype, `cores`), returns a scheduled `s_tir.S
 when the function is not of its kind. Names no back end: the facts come from the back end hook.
 
 Rules (so far):
-- `injective`: one spatial block (element-wise / broadcast / layout glue). Its loops are fused,
+- `injective`: spatial blocks only (element-wise / broadcast / layout glue, fused chains of them:
+  the producers are inlined into the last block). Its loops are fused,
   split into (cores-parallel outer, lanes-vectorized inner), like TVM's `parallel` + `vectorize`.
 """
 
@@ -29,14 +30,23 @@ def _spatial_only(sch, block) -> bool:
 
 
 def injective(func, facts: VectorFacts):
-    """Schedule a single-block all-spatial PrimFunc: fuse its loops, parallel outer, vectorize inner.
-    Returns the schedule, or None when `func` is not injective (more blocks, reduction axes)."""
+    """Schedule an all-spatial PrimFunc: inline the producers, fuse the loops, parallel outer,
+    vectorize inner. Returns the schedule, or None when `func` is not injective (reduction axes)."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
     blocks = sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []
-    if len(blocks) != 1 or not _spatial_only(sch, blocks[0]):
+    if not blocks or not all(_spatial_only(sch, b) for b in blocks):
         return None
+    # A fused chain (add -> relu): every producer is inlined into the last block, as TVM fused them.
+    from tvm.s_tir.schedule import ScheduleError
+
+    try:
+        for b in blocks[:-1]:
+            sch.compute_inline(b)
+    except ScheduleError:   # a producer TVM cannot inline (read at several points): not this rule's
+        return None
+    blocks = blocks[-1:]
     loops = sch.get_loops(blocks[0])
     if not loops:
         return None
