@@ -29,3 +29,25 @@ def schedule_rest(facts: VectorFacts, left: list | None = None):
         return mod
 
     return _pass
+
+
+def unscheduled(mod, target) -> list[tuple[str, str]]:
+    """(function, why) for every PrimFunc of `mod` that neither a tsl kernel nor a vector rule
+    takes on `target`: TVM's legalization and fusion are run on a copy, then the vector rules."""
+    import tvm
+
+    from . import _stages, _vector_pass, tvm_target
+
+    tgt = tvm_target(target)
+    left: list = []
+    with tgt:
+        fused = tvm.transform.Sequential(_stages(tgt)[0])(mod)
+        if not _vector_pass(target, tgt):
+            return [(gv.name_hint, f"no vector schedule for {tgt.kind.name} targets yet")
+                    for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+        from ..backend import get_backend
+        from .targets import machine_for
+
+        m = machine_for(target)
+        schedule_rest(get_backend(m.backend).vector_facts(m), left)(fused)
+    return left
