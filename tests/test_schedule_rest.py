@@ -70,7 +70,7 @@ def test_pipeline_vectorizes_relax_glue_and_matches_numpy():
     np.testing.assert_allclose(out, np.maximum(x + y, 0), rtol=1e-6)
 
 
-def test_unscheduled_names_what_no_rule_takes():
+def test_softmax_taken_rowwise_and_unscheduled_names_the_rest():
     from tvm.script import ir as I
     from tvm.script import relax as R
 
@@ -85,6 +85,40 @@ def test_unscheduled_names_what_no_rule_takes():
                 R.output(z)
             return z
 
-    left = unscheduled(Mod, "cpu")
-    # softmax is a reduction: the injective rule does not take it (reduction rules: not yet).
-    assert [n for n, _ in left] and all("softmax" in n and why for n, why in left)
+    assert unscheduled(Mod, "cpu") == []
+    # A 1-D reduction has no rows to run in parallel: named, with why.
+    @I.ir_module
+    class Sum:
+        @R.function
+        def main(x: R.Tensor((33,), "float32")):
+            with R.dataflow():
+                z = R.sum(x, axis=0)
+                R.output(z)
+            return z
+
+    left = unscheduled(Sum, "cpu")
+    assert [n for n, _ in left] and all("sum" in n and why for n, why in left)
+
+
+def test_rowwise_softmax_matches_numpy():
+    import tvm
+    from tvm import relax
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    import tsl.relax
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((6, 45), "float32")):
+            with R.dataflow():
+                z = R.nn.softmax(x, axis=-1)
+                R.output(z)
+            return z
+
+    ex = tvm.compile(Mod, target=tsl.relax.tvm_target("cpu"), relax_pipeline=tsl.relax.pipeline("cpu"))
+    x = np.random.default_rng(2).standard_normal((6, 45)).astype("float32")
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-5)

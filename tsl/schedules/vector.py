@@ -8,6 +8,8 @@ Rules (so far):
 - `injective`: spatial blocks only (element-wise / broadcast / layout glue, fused chains of them:
   the producers are inlined into the last block). Its loops are fused,
   split into (cores-parallel outer, lanes-vectorized inner), like TVM's `parallel` + `vectorize`.
+- `rowwise`: blocks with reductions (softmax, layer_norm, mean, pooling): each block's rows run
+  parallel, its all-spatial blocks vectorized along the innermost loop.
 """
 
 from __future__ import annotations
@@ -59,6 +61,30 @@ def injective(func, facts: VectorFacts):
     return sch
 
 
+def rowwise(func, facts: VectorFacts):
+    """Schedule a PrimFunc with reduction blocks (softmax, layer_norm, mean, pooling) row-wise:
+    every block's outermost loop, when spatial, runs parallel over the cores (one row per task),
+    and every all-spatial block is vectorized along its innermost (contiguous) loop.
+    Returns None when a block has no spatial outer loop to run rows over."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []
+    if not blocks:
+        return None
+    for b in blocks:
+        loops = sch.get_loops(b)
+        kinds = [iv.iter_type for iv in sch.get(b).iter_vars]
+        if not loops or kinds[0] != 0:
+            return None
+        sch.parallel(loops[0])
+        if len(loops) > 1 and all(k == 0 for k in kinds):
+            bits = _dtype_bits(sch.get(b).writes[0].source.dtype)
+            _, inner = sch.split(loops[-1], factors=[None, facts.lanes(bits)])
+            sch.vectorize(inner)
+    return sch
+
+
 def _has_root(sch) -> bool:
     try:
         sch.get_sblock("root")
@@ -72,4 +98,4 @@ def _dtype_bits(dtype) -> int:
     return tvm.runtime.DataType(str(dtype)).bits
 
 
-RULES = (injective,)
+RULES = (injective, rowwise)
