@@ -122,3 +122,37 @@ def test_rowwise_softmax_matches_numpy():
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     e = np.exp(x - x.max(-1, keepdims=True))
     np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
+def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
+    import tvm
+    from tvm import relax
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    import tsl.relax
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((7, 64), "float32"), g: R.Tensor((64,), "float32"),
+                 b: R.Tensor((64,), "float32")):
+            with R.dataflow():
+                s = R.nn.softmax(x, axis=-1)
+                n = R.nn.layer_norm(x, g, b, axes=[-1])
+                r = (s, n)
+                R.output(r)
+            return r
+
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(Mod)
+    assert "_rf" in fused["softmax"].script()   # the max and sum run in vector partial sums
+    ex = tvm.compile(Mod, target=tgt, relax_pipeline=tsl.relax.pipeline("cpu"))
+    rng = np.random.default_rng(3)
+    x, g, b = (rng.standard_normal(s).astype("float32") for s in [(7, 64), (64,), (64,)])
+    s, n = relax.VirtualMachine(ex, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in (x, g, b)))
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(s.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5)
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    np.testing.assert_allclose(n.numpy(), (x - mu) / np.sqrt(var + 1e-5) * g + b, rtol=1e-4, atol=1e-5)

@@ -77,12 +77,37 @@ def rowwise(func, facts: VectorFacts):
         kinds = [iv.iter_type for iv in sch.get(b).iter_vars]
         if not loops or kinds[0] != 0:
             return None
-        sch.parallel(loops[0])
+        lanes = facts.lanes(_dtype_bits(sch.get(b).writes[0].source.dtype))
         if len(loops) > 1 and all(k == 0 for k in kinds):
-            bits = _dtype_bits(sch.get(b).writes[0].source.dtype)
-            _, inner = sch.split(loops[-1], factors=[None, facts.lanes(bits)])
+            sch.parallel(loops[0])
+            _, inner = sch.split(loops[-1], factors=[None, lanes])
             sch.vectorize(inner)
+        elif not _vector_reduce(sch, b, lanes):
+            sch.parallel(loops[0])
     return sch
+
+
+def _vector_reduce(sch, block, lanes: int) -> bool:
+    """Reduce along the contiguous (innermost) axis in `lanes` partial sums (rfactor): the partial
+    block is vectorized over the lanes, the lanes are then summed per row. LLVM will not vectorize
+    a float reduction itself (it may not reassociate). False when the loop does not split evenly
+    into lanes or TVM refuses the rfactor; the block is then left row-parallel only."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    loops = sch.get_loops(block)
+    extent = sch.get(loops[-1]).extent
+    if len(loops) < 2 or not hasattr(extent, "value") or extent.value % lanes:
+        return False
+    try:
+        _, ki = sch.split(loops[-1], factors=[None, lanes])
+        rf = sch.rfactor(ki, factor_axis=len(loops) - 1)
+    except ScheduleError:
+        return False
+    rf_loops = sch.get_loops(rf)
+    sch.parallel(rf_loops[0])
+    sch.vectorize(rf_loops[-1])
+    sch.parallel(sch.get_loops(block)[0])
+    return True
 
 
 def _has_root(sch) -> bool:
