@@ -73,6 +73,15 @@ class Backend(ABC):
         """The machine the back end's name means (a CPU back end: the host's)."""
         return load(self.default_machine)
 
+    def vector_facts(self, machine: Machine):
+        """The vector unit facts `tsl.relax.schedule_rest` schedules the non-tsl functions with:
+        register width (lanes x the unit's first dtype's bits) and cores, from the machine file."""
+        from .schedules.vector import VectorFacts
+
+        v = machine.vectors[0]
+        bits = int("".join(c for c in v.dtypes[0] if c.isdigit()) or 32)
+        return VectorFacts(vector_bits=v.lanes * bits, cores=machine.cores())
+
     def for_host(self, machine: Machine) -> Machine:
         """`machine` as this back end runs it here (a CPU back end: the host's core count and
         caches when the host runs it)."""

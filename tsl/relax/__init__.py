@@ -45,13 +45,25 @@ def pipeline(target, database=None, reports: list | None = None):
     tgt = tvm_target(target)
     before, after = _stages(tgt)
     swap = swap_pass(target, database, reports)
+    vector = _vector_pass(target, tgt)
 
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.pipeline")
     def _pipeline(mod, _ctx):
         with tgt:
-            return tvm.transform.Sequential(before + [swap] + after)(mod)
+            return tvm.transform.Sequential(before + [swap] + vector + after)(mod)
 
     return _pipeline
+
+
+def _vector_pass(target, tgt) -> list:
+    """`schedule_rest` with the target machine's vector facts (CPU targets; none elsewhere yet)."""
+    if tgt.kind.name != "llvm":
+        return []
+    from ..backend import get_backend
+    from .schedule_rest import schedule_rest
+
+    machine = machine_for(target)
+    return [schedule_rest(get_backend(machine.backend).vector_facts(machine))]
 
 
 def report(mod, target, database=None) -> Report:

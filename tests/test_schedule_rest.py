@@ -1,0 +1,158 @@
+"""schedule_rest's vector rules: scheduled functions compute what the unscheduled ones do."""
+
+import numpy as np
+
+from tsl.relax.schedule_rest import schedule_rest
+from tsl.schedules.vector import VectorFacts
+
+
+def _add_relu_mod():
+    from tvm.script import ir as I
+    from tvm.script import tirx as T
+
+    @I.ir_module
+    class Mod:
+        @T.prim_func(s_tir=True)
+        def main(a: T.Buffer((7, 37), "float32"), b: T.Buffer((37,), "float32"),
+                 c: T.Buffer((7, 37), "float32")):
+            for i, j in T.grid(7, 37):
+                with T.sblock("c"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    c[vi, vj] = T.max(a[vi, vj] + b[vj], T.float32(0))
+    return Mod
+
+
+def test_injective_rule_parallel_vectorized_and_correct():
+    import tvm
+
+    left = []
+    mod = schedule_rest(VectorFacts(vector_bits=512, cores=2), left)(_add_relu_mod())
+    assert not left and "tsl.vector" in mod["main"].attrs
+    text = mod["main"].script()
+    assert "T.parallel" in text and "T.vectorized" in text
+    lib = tvm.compile(mod, target="llvm")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((7, 37)).astype("float32")
+    b = rng.standard_normal(37).astype("float32")
+    c = tvm.runtime.tensor(np.empty((7, 37), "float32"))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    np.testing.assert_allclose(c.numpy(), np.maximum(a + b, 0), rtol=1e-6)
+
+
+def test_pipeline_vectorizes_relax_glue_and_matches_numpy():
+    import tvm
+    from tvm import relax
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    import tsl.relax
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((5, 19), "float32"), y: R.Tensor((19,), "float32")):
+            with R.dataflow():
+                z = R.nn.relu(R.add(x, y))
+                R.output(z)
+            return z
+
+    ex = tvm.compile(Mod, target=tsl.relax.tvm_target("cpu"), relax_pipeline=tsl.relax.pipeline("cpu"))
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(Mod)
+    prims = [f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert prims and all("tsl.vector" in f.attrs for f in prims)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 19)).astype("float32")
+    y = rng.standard_normal(19).astype("float32")
+    out = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy()
+    np.testing.assert_allclose(out, np.maximum(x + y, 0), rtol=1e-6)
+
+
+def test_softmax_taken_rowwise_and_unscheduled_names_the_rest():
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    from tsl.relax.schedule_rest import unscheduled
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((4, 33), "float32")):
+            with R.dataflow():
+                z = R.nn.relu(R.nn.softmax(x, axis=-1))
+                R.output(z)
+            return z
+
+    assert unscheduled(Mod, "cpu") == []
+    # A 1-D reduction has no rows to run in parallel: named, with why.
+    @I.ir_module
+    class Sum:
+        @R.function
+        def main(x: R.Tensor((33,), "float32")):
+            with R.dataflow():
+                z = R.sum(x, axis=0)
+                R.output(z)
+            return z
+
+    left = unscheduled(Sum, "cpu")
+    assert [n for n, _ in left] and all("sum" in n and why for n, why in left)
+
+
+def test_rowwise_softmax_matches_numpy():
+    import tvm
+    from tvm import relax
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    import tsl.relax
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((6, 45), "float32")):
+            with R.dataflow():
+                z = R.nn.softmax(x, axis=-1)
+                R.output(z)
+            return z
+
+    ex = tvm.compile(Mod, target=tsl.relax.tvm_target("cpu"), relax_pipeline=tsl.relax.pipeline("cpu"))
+    x = np.random.default_rng(2).standard_normal((6, 45)).astype("float32")
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
+def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
+    import tvm
+    from tvm import relax
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    import tsl.relax
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((7, 64), "float32"), g: R.Tensor((64,), "float32"),
+                 b: R.Tensor((64,), "float32")):
+            with R.dataflow():
+                s = R.nn.softmax(x, axis=-1)
+                n = R.nn.layer_norm(x, g, b, axes=[-1])
+                r = (s, n)
+                R.output(r)
+            return r
+
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(Mod)
+    assert "_rf" in fused["softmax"].script()   # the max and sum run in vector partial sums
+    ex = tvm.compile(Mod, target=tgt, relax_pipeline=tsl.relax.pipeline("cpu"))
+    rng = np.random.default_rng(3)
+    x, g, b = (rng.standard_normal(s).astype("float32") for s in [(7, 64), (64,), (64,)])
+    s, n = relax.VirtualMachine(ex, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in (x, g, b)))
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(s.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5)
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    np.testing.assert_allclose(n.numpy(), (x - mu) / np.sqrt(var + 1e-5) * g + b, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,126 @@
+"""Machine-generic vector schedules for the functions no tsl kernel takes (issue #24 part 3).
+
+A rule reads a PrimFunc's block structure and, given the machine's vector facts (`lanes`: elements
+per vector register for the output dtype, `cores`), returns a scheduled `s_tir.Schedule` or None
+when the function is not of its kind. Names no back end: the facts come from the back end hook.
+
+Rules (so far):
+- `injective`: spatial blocks only (element-wise / broadcast / layout glue, fused chains of them:
+  the producers are inlined into the last block). Its loops are fused,
+  split into (cores-parallel outer, lanes-vectorized inner), like TVM's `parallel` + `vectorize`.
+- `rowwise`: blocks with reductions (softmax, layer_norm, mean, pooling): each block's rows run
+  parallel, its all-spatial blocks vectorized along the innermost loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VectorFacts:
+    """What a rule needs of the machine: vector lanes per dtype bits and the core count."""
+    vector_bits: int
+    cores: int
+
+    def lanes(self, dtype_bits: int) -> int:
+        return max(1, self.vector_bits // dtype_bits)
+
+
+def _spatial_only(sch, block) -> bool:
+    return all(iv.iter_type == 0 for iv in sch.get(block).iter_vars)   # 0: data-parallel
+
+
+def injective(func, facts: VectorFacts):
+    """Schedule an all-spatial PrimFunc: inline the producers, fuse the loops, parallel outer,
+    vectorize inner. Returns the schedule, or None when `func` is not injective (reduction axes)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []
+    if not blocks or not all(_spatial_only(sch, b) for b in blocks):
+        return None
+    # A fused chain (add -> relu): every producer is inlined into the last block, as TVM fused them.
+    from tvm.s_tir.schedule import ScheduleError
+
+    try:
+        for b in blocks[:-1]:
+            sch.compute_inline(b)
+    except ScheduleError:   # a producer TVM cannot inline (read at several points): not this rule's
+        return None
+    blocks = blocks[-1:]
+    loops = sch.get_loops(blocks[0])
+    if not loops:
+        return None
+    fused = sch.fuse(*loops)
+    bits = _dtype_bits(sch.get(blocks[0]).writes[0].source.dtype)
+    lanes = facts.lanes(bits)
+    outer, inner = sch.split(fused, factors=[None, lanes])
+    sch.parallel(outer)
+    sch.vectorize(inner)
+    return sch
+
+
+def rowwise(func, facts: VectorFacts):
+    """Schedule a PrimFunc with reduction blocks (softmax, layer_norm, mean, pooling) row-wise:
+    every block's outermost loop, when spatial, runs parallel over the cores (one row per task),
+    and every all-spatial block is vectorized along its innermost (contiguous) loop.
+    Returns None when a block has no spatial outer loop to run rows over."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []
+    if not blocks:
+        return None
+    for b in blocks:
+        loops = sch.get_loops(b)
+        kinds = [iv.iter_type for iv in sch.get(b).iter_vars]
+        if not loops or kinds[0] != 0:
+            return None
+        lanes = facts.lanes(_dtype_bits(sch.get(b).writes[0].source.dtype))
+        if len(loops) > 1 and all(k == 0 for k in kinds):
+            sch.parallel(loops[0])
+            _, inner = sch.split(loops[-1], factors=[None, lanes])
+            sch.vectorize(inner)
+        elif not _vector_reduce(sch, b, lanes):
+            sch.parallel(loops[0])
+    return sch
+
+
+def _vector_reduce(sch, block, lanes: int) -> bool:
+    """Reduce along the contiguous (innermost) axis in `lanes` partial sums (rfactor): the partial
+    block is vectorized over the lanes, the lanes are then summed per row. LLVM will not vectorize
+    a float reduction itself (it may not reassociate). False when the loop does not split evenly
+    into lanes or TVM refuses the rfactor; the block is then left row-parallel only."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    loops = sch.get_loops(block)
+    extent = sch.get(loops[-1]).extent
+    if len(loops) < 2 or not hasattr(extent, "value") or extent.value % lanes:
+        return False
+    try:
+        _, ki = sch.split(loops[-1], factors=[None, lanes])
+        rf = sch.rfactor(ki, factor_axis=len(loops) - 1)
+    except ScheduleError:
+        return False
+    rf_loops = sch.get_loops(rf)
+    sch.parallel(rf_loops[0])
+    sch.vectorize(rf_loops[-1])
+    sch.parallel(sch.get_loops(block)[0])
+    return True
+
+
+def _has_root(sch) -> bool:
+    try:
+        sch.get_sblock("root")
+        return True
+    except Exception:   # noqa: BLE001 — TVM raises a plain ScheduleError when absent
+        return False
+
+
+def _dtype_bits(dtype) -> int:
+    import tvm
+    return tvm.runtime.DataType(str(dtype)).bits
+
+
+RULES = (injective, rowwise)
