@@ -178,7 +178,7 @@ def test_a_new_cpu_variant_is_one_toml_file(tmp_path):
     generic vector kind instead of the file's instruction: no Python change."""
     base = host.detect()
     p32 = base.primitive("float32")
-    p8 = base.primitive("int8") or base.primitive("uint8")
+    p8 = base.primitive("int8") or base.primitive("uint8", "int8")
 
     def edit(s):
         s = s.replace(f'name = "{p32.name}"\nkind = "matmul"\ninstruction = "vector"\nm = 1\n'
@@ -225,7 +225,7 @@ def test_primitive_scratch_counts_against_the_accumulator_level(tmp_path):
     """A primitive that needs registers of its own besides the accumulator tile (vpmaddwd)
     leaves less room for the tile: the file says how much, the schedule checks it."""
     base = host.detect()
-    p8 = base.primitive("int8") or base.primitive("uint8")
+    p8 = base.primitive("int8") or base.primitive("uint8", "int8")
     acc = next(lv for lv in base.memory if lv.name == p8.c_level)
 
     def edit(s):
