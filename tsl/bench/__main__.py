@@ -24,7 +24,7 @@ from ..tam import load
 from ..build import record
 from .. import timing
 from ..errors import BackendUnavailable, TSLError
-from . import model_check, search
+from . import alone, model_check, search
 from .rows import roofline_fields
 
 COLUMNS = ("op", "shape", "dtype", "target", "verified", "time", "rate", "peak%", "baseline",
@@ -55,7 +55,7 @@ def run_target(target: str, ops_filter, quick: bool, progress,
             row["build_s"] = round(time.perf_counter() - t0, 2)
             # Timed before it is verified: the NumPy reference leaves OpenBLAS' threads
             # spinning for about a second, and on 2 cores they slow whatever runs next.
-            row.update(art.benchmark())
+            row.update(_benchmark(art, backend, machine))
             n_trials = backend.bench_trials if trials is None else trials
             if n_trials:
                 art = search.improve(backend, machine, op, art, row, n_trials)
@@ -71,6 +71,20 @@ def run_target(target: str, ops_filter, quick: bool, progress,
                        baseline=None, speedup=None)
         rows.append(row)
     return rows
+
+
+def _benchmark(art, backend, machine) -> dict:
+    """The artifact's benchmark; an artifact with peers to time (`peer_spec`, the CPU's) gets
+    them, each timed alone (tsl.bench.alone)."""
+    if not hasattr(art, "peer_spec") or art.cross:
+        return art.benchmark()
+    row = art.benchmark(peers=alone.cpu_peers(machine.cores()))
+    row["op_spec"] = art.peer_spec()
+    infos = [p.pop("info") for p in row.get("peers", {}).values()]
+    blas = next((i["blas"] for i in infos if i.get("blas")), None)
+    if blas:
+        row["blas"] = f"{blas}; peers timed alone"
+    return row
 
 
 def fmt(row: dict) -> list[str]:
@@ -128,6 +142,9 @@ def main(argv=None) -> int:
     ap.add_argument("--realtime", action="store_true", help="time at real-time priority "
                     "(SCHED_FIFO) on a host shared with other work; needs CAP_SYS_NICE "
                     "(see tsl/timing.py)")
+    ap.add_argument("--check-peers", action="store_true", help="time every CPU peer once more, "
+                    "alone in a fresh process, and flag rows whose in-bench peer rate differs "
+                    "by more than 15%% (exit status 1)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--trials", type=int, help="programs searched per operator (default: the "
                     "back end's, 24 on VTA, 0 elsewhere; 0 = the model's default knobs only); "
@@ -204,7 +221,16 @@ def main(argv=None) -> int:
 
         print(f"report: {write_report({'host': host_info(), 'rows': rows}, args.report)}")
     failed = [r for r in rows if "skipped" not in r and r.get("verified") is False]
-    return 1 if failed else 0
+    off = []
+    if args.check_peers:
+        progress("[check-peers] timing every peer once more, alone ...")
+        off = alone.check(rows, resolve_target("cpu")[1].cores())
+        progress("")
+        checked = sum(len(r.get("peer_check", {})) for r in rows)
+        print(f"check-peers: {checked} peer timings re-timed alone, {len(off)} off by > 15%")
+        for line in off:
+            print(f"  {line}")
+    return 1 if failed or off else 0
 
 
 if __name__ == "__main__":
