@@ -49,7 +49,7 @@ def test_user_time_reports_its_parts():
     op = ops.conv2d(1, 8, 10, 10, 8, 3, 3, padding=1)
     art = tsl.build(op, "cpu")
     row = art.user_time(op.random_inputs(1), repeat=3)
-    assert row["bound"] == ["B"] and len(row["user_samples"]) == 3
+    assert row["bound_inputs"] == ["B"] and len(row["user_samples"]) == 3
     assert row["user_seconds"] > 0 and row["weight_prep_seconds"] > 0
 
 

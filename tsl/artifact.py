@@ -124,7 +124,7 @@ class Artifact:
             f(*free)
             ts.append(time.perf_counter() - t0)
         return {"user_samples": ts, "user_seconds": float(np.median(ts)),
-                "weight_prep_seconds": f.prep_seconds, "bound": names}
+                "weight_prep_seconds": f.prep_seconds, "bound_inputs": names}
 
     def bind(self, **constants) -> "Bound":
         """Constant operands (weights, bias: by tensor name or role) padded and packed once;
