@@ -70,8 +70,9 @@ class Artifact:
         """The scheduled TIR (before the back end's code generation), as text."""
         return self.mod.script()
 
-    def check_inputs(self, arrays) -> list[np.ndarray]:
-        ins = self.op.inputs
+    def check_inputs(self, arrays, tensors=None) -> list[np.ndarray]:
+        """`arrays` as NumPy, checked against `tensors` (default: all the operator's inputs)."""
+        ins = self.op.inputs if tensors is None else tensors
         if len(arrays) != len(ins):
             raise InputError(f"{self.op} takes {len(ins)} arrays "
                              f"({', '.join(t.name for t in ins)}), got {len(arrays)}")
@@ -87,17 +88,63 @@ class Artifact:
             out.append(x)
         return out
 
+    def _pad(self, i: int, x: np.ndarray) -> np.ndarray:
+        t, tb = self.op.inputs[i], self.ctx.op.inputs[i]
+        return x if t.shape == tb.shape else np.pad(x, [(0, b - a) for a, b in
+                                                        zip(t.shape, tb.shape)])
+
+    def _pack(self, i: int, x: np.ndarray) -> np.ndarray:
+        """Input `i`, padded, in the dtype and layout the kernel reads."""
+        if self.ctx.b_dtype and i == self.ctx.input_index("B"):
+            x = x.astype(np_dtype(self.ctx.b_dtype))
+        if i in self.ctx.layouts:
+            x = self.ctx.layouts[i].apply(x)
+        return np.ascontiguousarray(x)
+
+    def _compensation(self, padded: list) -> list[np.ndarray]:
+        """The unsigned-A machine's extra argument, from the padded B (none elsewhere)."""
+        if not self.ctx.unsigned_a:
+            return []
+        return [self.ctx.op.compensation(padded[self.ctx.input_index("B")])]
+
     def prepare(self, arrays) -> list[np.ndarray]:
         """Checked, padded and packed inputs, ready for the kernel."""
-        xs = self.op.pad_inputs(self.ctx.op, self.check_inputs(arrays))
-        if self.ctx.unsigned_a:
-            xs.append(self.ctx.op.compensation(xs[self.ctx.input_index("B")]))
-        if self.ctx.b_dtype:
-            ib = self.ctx.input_index("B")
-            xs[ib] = xs[ib].astype(np_dtype(self.ctx.b_dtype))
-        for idx, lay in self.ctx.layouts.items():
-            xs[idx] = lay.apply(xs[idx])
-        return [np.ascontiguousarray(x) for x in xs]
+        xs = [self._pad(i, x) for i, x in enumerate(self.check_inputs(arrays))]
+        return [self._pack(i, x) for i, x in enumerate(xs)] + self._compensation(xs)
+
+    def constants(self) -> list[str]:
+        """The inputs a model fixes once (weights, bias, scale): dense's and conv2d's B and
+        the epilogue's per-channel operands; matmul's B, residuals and A come per call."""
+        per_call = {"A", "residual"} | ({"B"} if self.op.name in ("matmul", "batch_matmul")
+                                        else set())
+        return [t.name for t in self.op.inputs if t.role not in per_call]
+
+    def user_time(self, arrays, repeat: int = 7) -> dict:
+        """What a caller pays per call (`bind` of `constants()`, then the median of `repeat`
+        calls on the other inputs: their padding and packing and the output's cropping
+        included) and the one-time weight preparation, apart."""
+        import time
+
+        names = self.constants()
+        consts = {t.name: x for t, x in zip(self.op.inputs, arrays) if t.name in names}
+        f = self.bind(**consts)
+        free = [x for t, x in zip(self.op.inputs, arrays) if t.name not in names]
+        f(*free)
+        ts = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            f(*free)
+            ts.append(time.perf_counter() - t0)
+        return {"user_samples": ts, "user_seconds": float(np.median(ts)),
+                "weight_prep_seconds": f.prep_seconds, "bound_inputs": names}
+
+    def bind(self, **constants) -> "Bound":
+        """Constant operands (weights, bias: by tensor name or role) padded and packed once;
+        returns `f` with `f(*the other inputs, in order)` = `run(...)` of them all. The
+        inference pattern: `run` pads and packs every operand on every call."""
+        from .bound import Bound
+
+        return Bound(self, constants)
 
     def verify(self, seed: int = 1) -> tuple[bool, float]:
         """Run on random inputs and compare with the NumPy reference: (ok, error)."""

@@ -25,6 +25,10 @@ import threading
 import warnings
 
 ENV = "TSL_TIMING"
+# A runtime's worker threads (TVM's pool, OpenBLAS) spin for about a second after its last
+# call; on 2 cores they slow whatever is timed next. Every party waits this long before its
+# timed region.
+SETTLE_SECONDS = 1.0
 PRIORITY = 1  # the lowest real-time priority: above every ordinary process, below the kernel's
 _warned = False
 

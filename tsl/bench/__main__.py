@@ -1,11 +1,16 @@
-"""`python -m tsl.bench [--targets T,..] [--ops OP,..] [--quick] [--trials N] [--json FILE]
+"""`python -m tsl.bench [--full] [--targets T,..] [--ops OP,..] [--trials N] [--json FILE]
 [--report DIR]`, `python -m tsl.bench --compare OLD.json NEW.json [--threshold F] [--report DIR]`
 and `python -m tsl.bench --model-check [--targets T,..] [--ops OP,..] [--quick] [--samples N]`
 
-Builds each back end's suite with the default schedules, verifies every artifact against NumPy
+Builds a representative slice of each back end's suite (`--full`: all of it; minutes on 2 cores
+against tens) with the default schedules, verifies every artifact against NumPy
 on fresh random data, and prints time (or simulated cycles, or an estimate where there is no
 hardware), the achieved rate, its share of the machine file's peak, and the ratio to a baseline
-measured or modelled in the same run. Timings are medians; the machines are noisy. Knobs are
+measured or modelled in the same run, then one summary line per target. A CPU row's time is
+what a caller pays per call (constant operands bound once with `art.bind`; the kernel alone
+and the one-time weight preparation in the notes); its peers (NumPy, PyTorch) are each timed
+alone in a fresh process (tsl/bench/alone.py; `--check-peers` times them once more and flags
+any more than 15% off). Timings are medians; the machines are noisy. Knobs are
 the cost model's choice; where a back end asks for it (VTA) or `--trials N` is given, a
 `tsl.tune` search of N programs may replace them (`--trials 0`: default knobs only).
 `--model-check` instead ranks random knob settings by the model and by measurement and prints
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -24,7 +30,7 @@ from ..tam import load
 from ..build import record
 from .. import timing
 from ..errors import BackendUnavailable, TSLError
-from . import model_check, search
+from . import alone, model_check, search
 from .rows import roofline_fields
 
 COLUMNS = ("op", "shape", "dtype", "target", "verified", "time", "rate", "peak%", "baseline",
@@ -55,7 +61,7 @@ def run_target(target: str, ops_filter, quick: bool, progress,
             row["build_s"] = round(time.perf_counter() - t0, 2)
             # Timed before it is verified: the NumPy reference leaves OpenBLAS' threads
             # spinning for about a second, and on 2 cores they slow whatever runs next.
-            row.update(art.benchmark())
+            row.update(_benchmark(art, backend, machine))
             n_trials = backend.bench_trials if trials is None else trials
             if n_trials:
                 art = search.improve(backend, machine, op, art, row, n_trials)
@@ -73,6 +79,20 @@ def run_target(target: str, ops_filter, quick: bool, progress,
     return rows
 
 
+def _benchmark(art, backend, machine) -> dict:
+    """The artifact's benchmark; an artifact with peers to time (`peer_spec`, the CPU's) gets
+    them, each timed alone (tsl.bench.alone)."""
+    if not hasattr(art, "peer_spec") or art.cross:
+        return art.benchmark()
+    row = art.benchmark(peers=alone.cpu_peers(machine.cores()))
+    row["op_spec"] = art.peer_spec()
+    infos = [p.pop("info") for p in row.get("peers", {}).values()]
+    blas = next((i["blas"] for i in infos if i.get("blas")), None)
+    if blas:
+        row["blas"] = f"{blas}; peers timed alone"
+    return row
+
+
 def fmt(row: dict) -> list[str]:
     if "skipped" in row:
         return [row["op"], "-", "-", row["target"], "skipped", "", "", "", "", "", row["skipped"]]
@@ -88,6 +108,11 @@ def fmt(row: dict) -> list[str]:
     sp = row.get("speedup")
     verified = {True: "yes", False: "NO", None: "n/a"}[row["verified"]]
     notes = row.get("checks") or row.get("notes") or ""
+    if "kernel_seconds" in row:
+        notes = "; ".join(x for x in [f"kernel only {row['kernel_seconds'] * 1e3:.3f} ms, weight "
+                                      f"prep, once: {row['weight_prep_seconds'] * 1e3:.2f} ms "
+                                      f"({'+'.join(row['bound_inputs']) or 'nothing bound'})", notes]
+                          if x)
     others = [f"{r['ratio']:.2f}x {name}" for name, r in row.get("peers", {}).items()
               if name != row.get("baseline")]
     if others or row.get("blas"):
@@ -113,6 +138,23 @@ def print_cells(head: list[str], body: list[list[str]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
+def summary(rows: list[dict]) -> list[str]:
+    """One line per target: rows verified, and the geometric mean of tsl's ratio to its peer."""
+    out = []
+    for target in dict.fromkeys(r["target"] for r in rows):
+        mine = [r for r in rows if r["target"] == target]
+        if all("skipped" in r for r in mine):
+            out.append(f"{target}: skipped ({mine[0]['skipped']})")
+            continue
+        ok = sum(r.get("verified") is True for r in mine)
+        ratios = [r["speedup"] for r in mine if r.get("speedup")]
+        peers = sorted({r["baseline"] for r in mine if r.get("speedup")})
+        geo = (f"geo-mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x "
+               f"{' / '.join(peers)} over {len(ratios)} rows" if ratios else "no peer ratio")
+        out.append(f"{target}: {ok}/{len(mine)} rows verified, {geo}")
+    return out
+
+
 def default_targets() -> list[str]:
     """The host's CPU (as detected) and every non-CPU built-in machine."""
     return ["cpu"] + [t for t in targets() if load(t).backend != "cpu"]
@@ -124,10 +166,17 @@ def main(argv=None) -> int:
                     f"cpu, i.e. this host's machine, and {', '.join(default_targets()[1:])})")
     ap.add_argument("--ops", help="comma-separated operator names (matmul, batch_matmul, "
                     "dense, conv2d)")
-    ap.add_argument("--quick", action="store_true", help="a few small rows per target")
+    ap.add_argument("--quick", action="store_true", help="a few small rows per target (the "
+                    "default of the bench itself; with --models and --model-check, their small "
+                    "configurations)")
+    ap.add_argument("--full", action="store_true", help="every back end's whole suite (tens of "
+                    "minutes on 2 cores) instead of the representative slice")
     ap.add_argument("--realtime", action="store_true", help="time at real-time priority "
                     "(SCHED_FIFO) on a host shared with other work; needs CAP_SYS_NICE "
                     "(see tsl/timing.py)")
+    ap.add_argument("--check-peers", action="store_true", help="time every CPU peer once more, "
+                    "alone in a fresh process, and flag rows whose in-bench peer rate differs "
+                    "by more than 15%% (exit status 1)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--trials", type=int, help="programs searched per operator (default: the "
                     "back end's, 24 on VTA, 0 elsewhere; 0 = the model's default knobs only); "
@@ -187,6 +236,7 @@ def main(argv=None) -> int:
         from . import compare
 
         return compare.main(*args.compare, args.threshold, args.report)
+    started = time.perf_counter()
     tgts = args.targets.split(",") if args.targets else default_targets()
     ops_filter = set(args.ops.split(",")) if args.ops else None
 
@@ -206,7 +256,7 @@ def main(argv=None) -> int:
     rows = []
     for t in tgts if not args.vs_metaschedule else ():
         try:
-            rows += run_target(t, ops_filter, args.quick, progress, args.trials)
+            rows += run_target(t, ops_filter, not args.full, progress, args.trials)
         except TSLError as e:
             rows.append({"op": "-", "shape": "-", "dtype": "-", "target": t, "verified": False,
                          "skipped": f"{type(e).__name__}: {str(e).splitlines()[0]}",
@@ -217,6 +267,10 @@ def main(argv=None) -> int:
         rows = metaschedule.run(tgts, args.tune, ops_filter, progress)
     progress("")
     (metaschedule.print_table if args.vs_metaschedule else print_table)(rows)
+    if not args.vs_metaschedule:
+        for line in summary(rows):
+            print(line)
+        print(f"bench wall time: {time.perf_counter() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=float)
@@ -225,7 +279,16 @@ def main(argv=None) -> int:
 
         print(f"report: {write_report({'host': host_info(), 'rows': rows}, args.report)}")
     failed = [r for r in rows if "skipped" not in r and r.get("verified") is False]
-    return 1 if failed else 0
+    off = []
+    if args.check_peers:
+        progress("[check-peers] timing every peer once more, alone ...")
+        off = alone.check(rows, resolve_target("cpu")[1].cores())
+        progress("")
+        checked = sum(len(r.get("peer_check", {})) for r in rows)
+        print(f"check-peers: {checked} peer timings re-timed alone, {len(off)} off by > 15%")
+        for line in off:
+            print(f"  {line}")
+    return 1 if failed or off else 0
 
 
 if __name__ == "__main__":

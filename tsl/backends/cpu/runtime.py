@@ -10,7 +10,7 @@ import numpy as np
 
 from ...artifact import Artifact
 from ...ops.operator import np_dtype
-from ...timing import realtime
+from ...timing import SETTLE_SECONDS, realtime
 
 
 @cache
@@ -21,9 +21,6 @@ def set_threads(n: int) -> None:
 
     os.environ["TVM_NUM_THREADS"] = str(n)
     tvm_ffi.get_global_func("runtime.config_threadpool")(0, n)
-
-
-SETTLE_SECONDS = 1.0
 
 
 class CPUArtifact(Artifact):
@@ -92,33 +89,47 @@ class CPUArtifact(Artifact):
             return float(f(*args).median)
 
     def benchmark(self, rounds: int = 3, peers=None) -> dict:
-        """Median kernel time, its rate and share of the machine's peak, and the ratio of its
-        op rate to each peer's (NumPy/OpenBLAS float32 matmul of the same GEMM shape; PyTorch
-        CPU where importable, see `peers`). tsl and the peers are timed alternately, `rounds`
-        times, and the medians compared: this machine's speed drifts by tens of percent within
-        seconds."""
-        from .peers import shared
-
-        peers = peers or shared()
+        """The median user-level time over `rounds` (what a caller pays per call with the
+        constant operands bound once: activation padding, packing and output cropping
+        included; `Artifact.user_time`), the kernel's own time and the one-time weight
+        preparation apart (a settle pause before each timed region), its rate and share of
+        the machine's peak, and with `peers` (a function of the operator returning
+        {peer name: {"rate": ops per second, ...}}, each peer timed alone: see
+        `tsl.bench.alone.cpu_peers`) the ratio of its op rate to each peer's."""
+        peer_rows = peers(self.op) if peers else {}
         xs = self.op.random_inputs(7)
-        rates, secs = {}, []
+        kernel, user, prep = [], [], []
         for _ in range(rounds):
-            for name, r in peers.time(self.op).items():
-                rates.setdefault(name, []).append(r)
-            # BLAS worker threads spin on after a call; on 2 cores they slow the kernel.
             time.sleep(SETTLE_SECONDS)
-            secs.append(self.time(*xs, number=3, repeat=3))
-        sec = float(np.median(secs))
+            kernel.append(self.time(*xs, number=3, repeat=3))
+            time.sleep(SETTLE_SECONDS)
+            with realtime():
+                u = self.user_time(xs, repeat=5)
+            user.append(u["user_seconds"])
+            prep.append(u["weight_prep_seconds"])
+        # The row's time is what a caller pays per call (weights bound once, see `user_time`).
+        sec = float(np.median(user))
         rate = 2 * self.op.macs / sec
         peak = self.machine.peak(self.op.dtype)
-        med = {name: float(np.median(r)) for name, r in rates.items()}
-        base_name = next(iter(med))
-        out = {"seconds": sec, "samples": secs, "rate": rate,
+        out = {"seconds": sec, "samples": user, "rate": rate,
                "pct_peak": 100 * rate / peak if peak else 0.0,
-               "baseline": base_name, "baseline_rate": med[base_name],
-               "speedup": rate / med[base_name], "blas": peers.blas(),
-               "peers": {name: {"rate": r, "ratio": rate / r} for name, r in med.items()}}
+               "kernel_seconds": float(np.median(kernel)), "kernel_samples": kernel,
+               "weight_prep_seconds": float(np.median(prep)), "bound_inputs": u["bound_inputs"],
+               "baseline": None, "speedup": None}
+        if peer_rows:
+            base = next(iter(peer_rows))
+            out.update(baseline=base, baseline_rate=peer_rows[base]["rate"],
+                       speedup=rate / peer_rows[base]["rate"],
+                       peers={name: {**p, "ratio": rate / p["rate"]}
+                              for name, p in peer_rows.items()})
         return out
+
+    def peer_spec(self) -> dict:
+        """What a process timing this operator's peers needs (`peers.spec`), with the work of
+        one call (2 x MACs) so that rates come back."""
+        from .peers import spec
+
+        return {**spec(self.op), "work": 2 * self.op.macs}
 
     def source(self, kind: str = "ll") -> str:
         """LLVM IR ("ll") or assembly ("asm") of the kernel."""

@@ -1,0 +1,66 @@
+"""`art.bind` (constant operands packed once), the user-level time a CPU row reports, and
+`tsl.bench.alone` (a peer timed in a fresh process). No timed assertions: the host is shared."""
+
+import numpy as np
+import pytest
+
+import tsl
+from tsl import ops
+from tsl.bench import alone
+from tsl.errors import InputError
+
+
+@pytest.mark.parametrize("op", [
+    ops.dense(17, 70, 40, dtype="float32", epilogue=ops.bias() + ops.relu()),
+    ops.dense(17, 70, 40, dtype="int8", epilogue=ops.requantize(shift=6, bias=True,
+                                                                clip=(0, 127))),
+    ops.conv2d(1, 5, 9, 9, 7, 3, 3, padding=1),
+], ids=["dense-f32", "dense-int8", "conv2d"])
+def test_bind_matches_run_and_reference(op):
+    art = tsl.build(op, "cpu")
+    xs = op.random_inputs(3)
+    names = art.constants()
+    assert "A" not in names and names  # the weight (and bias) bound, the activation not
+    consts = {t.name: x for t, x in zip(op.inputs, xs) if t.name in names}
+    free = [x for t, x in zip(op.inputs, xs) if t.name not in names]
+    f = art.bind(**consts)
+    y = f(*free)
+    np.testing.assert_array_equal(y, art.run(*xs))
+    assert op.check(y, op.reference(*xs))[0]
+    # A second activation through the same bound weights.
+    xs2 = op.random_inputs(4)
+    free2 = [x for t, x in zip(op.inputs, xs2) if t.name not in names]
+    assert op.check(f(*free2), op.reference(*[x if t.name not in names else consts[t.name]
+                                               for t, x in zip(op.inputs, xs2)]))[0]
+
+
+def test_bind_errors_name_the_input():
+    op = ops.dense(8, 16, 16)
+    art = tsl.build(op, "cpu")
+    with pytest.raises(InputError, match="no input named W"):
+        art.bind(W=np.ones((16, 16), np.float32))
+    w, bias = op.random_inputs(0)[1:]
+    f = art.bind(B=w, bias=bias)
+    with pytest.raises(InputError, match="must have shape"):
+        f(np.ones((3, 3), np.float32))
+
+
+def test_user_time_reports_its_parts():
+    op = ops.conv2d(1, 8, 10, 10, 8, 3, 3, padding=1)
+    art = tsl.build(op, "cpu")
+    row = art.user_time(op.random_inputs(1), repeat=3)
+    assert row["bound_inputs"] == ["B"] and len(row["user_samples"]) == 3
+    assert row["user_seconds"] > 0 and row["weight_prep_seconds"] > 0
+
+
+def test_time_alone_returns_a_rate_from_a_fresh_process():
+    t = alone.time_alone("numpy gemm", {"gemm": [1, 32, 32, 32], "work": 2 * 32 ** 3}, cores=1,
+                         repeat=3, settle=0)
+    assert t.seconds > 0 and len(t.samples) == 3 and t.rate == pytest.approx(
+        2 * 32 ** 3 / t.seconds)
+    assert t.info["blas"] is None or "threads" in t.info["blas"]
+
+
+def test_time_alone_unknown_kind_is_an_input_error():
+    with pytest.raises(InputError, match="unknown peer kind"):
+        alone.time_alone("no such peer", {}, cores=1)

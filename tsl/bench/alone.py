@@ -1,0 +1,159 @@
+"""Time a peer alone: in a fresh `python -m tsl.bench.alone` process, nothing else running.
+
+Timed in the process that had just run tsl's kernel, or right after another peer, a peer's rate
+fell up to 80x behind what the same call gives alone (torch linear 128x768x768: 9.5 GOP/s right
+after tsl's kernel, 73.7 GOP/s alone): the other party's worker threads (TVM's pool, OpenBLAS)
+spin on for about a second after their last call, and on two cores they take the peer's. So
+every peer measurement gets its own process, whose thread pools are sized to the machine's
+cores (threadpoolctl for BLAS, torch.set_num_threads) and which waits `timing.SETTLE_SECONDS`
+before its timed region; the caller has waited for its own pools before it starts one.
+
+A peer is a *maker*: a function `maker(spec: dict)` returning the call to time, or None where
+its library is missing. `time_alone(kind, spec, cores)` names it by a registered kind (`KINDS`,
+`register`) or directly as "module:function"; the spec and the result travel as JSON.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .. import timing
+from ..backends.cpu import peers as cpu_makers
+from ..errors import InputError
+
+MIN_SAMPLE_SECONDS = 0.02
+KINDS: dict[str, str] = {}  # kind -> "module:function" of its maker
+
+
+def register(kind: str, maker: str) -> None:
+    """Name a maker ("module:function", importable in a fresh process) by `kind`."""
+    if ":" not in maker:
+        raise InputError(f"peer maker {maker!r} for {kind!r}: expected 'module:function'")
+    KINDS[kind] = maker
+
+
+for _name, _fn in (("numpy gemm", "numpy_gemm"), ("torch conv2d", "torch_conv2d"),
+                   ("torch linear", "torch_linear")):
+    register(_name, f"{cpu_makers.__name__}:{_fn}")
+
+
+@dataclass
+class Timing:
+    """A peer's median seconds per call over `samples`; `rate` = work / seconds when the spec
+    says its work (`spec["work"]`, e.g. 2 x MACs); None where the peer is unavailable (`why`)."""
+    seconds: float | None
+    samples: list[float] = field(default_factory=list)
+    rate: float | None = None
+    info: dict = field(default_factory=dict)
+    why: str | None = None
+
+
+def time_alone(kind: str, spec: dict, cores: int, repeat: int = 7,
+               settle: float | None = None, timeout: float = 600) -> Timing:
+    """Time the peer `kind` (a registered kind or "module:function") on `spec` in a fresh
+    process with `cores` threads: a settle pause, one warm-up call, `repeat` timed calls."""
+    maker = KINDS.get(kind, kind)
+    if ":" not in maker:
+        raise InputError(f"unknown peer kind {kind!r}; registered: {', '.join(KINDS)} "
+                         "(or pass 'module:function')")
+    msg = {"maker": maker, "spec": spec, "cores": cores, "repeat": repeat,
+           "settle": timing.SETTLE_SECONDS if settle is None else settle}
+    env = {k: v for k, v in os.environ.items() if k not in cpu_makers.UNSET}
+    env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = str(cores)
+    p = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(msg),
+                       capture_output=True, text=True, env=env, timeout=timeout)
+    lines = p.stdout.strip().splitlines()
+    if p.returncode or not lines:
+        tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"peer {kind!r} process failed (exit {p.returncode}): {tail}")
+    return Timing(**json.loads(lines[-1]))
+
+
+def _quiesce(cores: int) -> None:
+    """Size every thread pool this process loaded to `cores`."""
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(cores)
+    except ImportError:
+        pass
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(cores)
+
+
+def _run(msg: dict) -> dict:
+    mod, fn = msg["maker"].split(":")
+    call = getattr(importlib.import_module(mod), fn)(msg["spec"])
+    if call is None:
+        return {"seconds": None, "why": f"{msg['maker']}: its library is not installed here"}
+    _quiesce(msg["cores"])
+    t0 = time.perf_counter()
+    call()  # warm-up: first-call allocations, JIT, pool start
+    # Each sample averages enough calls to last MIN_SAMPLE_SECONDS: single sub-millisecond
+    # calls on a shared 2-core host read anywhere within 40x of each other.
+    number = max(1, math.ceil(MIN_SAMPLE_SECONDS / max(time.perf_counter() - t0, 1e-6)))
+    time.sleep(msg["settle"])
+    ts = []
+    with timing.realtime():
+        for _ in range(msg["repeat"]):
+            t = time.perf_counter()
+            for _ in range(number):
+                call()
+            ts.append((time.perf_counter() - t) / number)
+    sec = statistics.median(ts)
+    work = msg["spec"].get("work")
+    info = {"blas": cpu_makers.blas_info()}
+    if "torch" in sys.modules:
+        t = sys.modules["torch"]
+        info["torch"] = f"torch {t.__version__}, {t.get_num_threads()} threads"
+    return {"seconds": sec, "samples": ts, "rate": work / sec if work else None, "info": info}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_run(json.loads(sys.stdin.read()))), flush=True)
+
+
+def cpu_peers(cores: int):
+    """The CPU back end's `benchmark(peers=...)`: each of an operator's peers
+    (`tsl.backends.cpu.peers.makers`) timed alone, {name: {"rate", "seconds", "info"}}; peers
+    whose library is missing are left out."""
+    def time_peers(op) -> dict:
+        sp = {**cpu_makers.spec(op), "work": 2 * op.macs}
+        out = {}
+        for name, maker in cpu_makers.makers(sp).items():
+            t = time_alone(maker, sp, cores)
+            if t.seconds is not None:
+                out[name] = {"rate": t.rate, "seconds": t.seconds, "info": t.info}
+        return out
+    return time_peers
+
+
+def check(rows: list[dict], cores: int, tolerance: float = 0.15) -> list[str]:
+    """`--check-peers`: time each row's peers once more, each alone in a fresh process, and
+    return a line per peer whose in-bench rate differs from this one by more than
+    `tolerance`; each row gets "peer_check": {name: in-bench rate / re-timed rate}."""
+    flagged = []
+    for row in rows:
+        if not row.get("peers") or "op_spec" not in row:
+            continue
+        sp = row["op_spec"]
+        row["peer_check"] = {}
+        for name, maker in cpu_makers.makers(sp).items():
+            if name not in row["peers"]:
+                continue
+            t = time_alone(maker, sp, cores)
+            r = row["peers"][name]["rate"] / t.rate
+            row["peer_check"][name] = r
+            if abs(r - 1) > tolerance:
+                flagged.append(f"{row['op']} {row['shape']} {row['dtype']}: {name} in-bench "
+                               f"{row['peers'][name]['rate'] / 1e9:.1f} GOP/s, alone again "
+                               f"{t.rate / 1e9:.1f} GOP/s ({r - 1:+.0%})")
+    return flagged
