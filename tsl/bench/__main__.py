@@ -120,8 +120,12 @@ def fmt(row: dict) -> list[str]:
                                       row.get("blas", ""), notes] if x)
     if row["verified"] is None:
         notes = f"{notes}; not run here: {row['unverified']}"
+    if row.get("peak_under_read"):
+        notes = (f"{row['peak_under_read'] - 1:.0%} above the {row['rates']} peak, which "
+                 f"under-read this host (peak% against the row's rate); {notes}")
     return [row["op"], row["shape"], row["dtype"], row["target"], verified,
-            t, f"{row['rate'] / 1e9:.1f} GOP/s", f"{row['pct_peak']:.1f}",
+            t, f"{row['rate'] / 1e9:.1f} GOP/s",
+            f"{row['pct_peak']:.1f}" + ("!" if row.get("peak_under_read") else ""),
             row.get("baseline") or "-", f"{sp:.2f}x" if sp is not None else "-", notes[:200]]
 
 
@@ -151,7 +155,9 @@ def summary(rows: list[dict]) -> list[str]:
         peers = sorted({r["baseline"] for r in mine if r.get("speedup")})
         geo = (f"geo-mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x "
                f"{' / '.join(peers)} over {len(ratios)} rows" if ratios else "no peer ratio")
-        out.append(f"{target}: {ok}/{len(mine)} rows verified, {geo}")
+        rates = sorted({r["rates"] for r in mine if "rates" in r})
+        out.append(f"{target}: {ok}/{len(mine)} rows verified, {geo}"
+                   + (f"; peaks {'/'.join(rates)}" if rates else ""))
     return out
 
 
@@ -177,6 +183,9 @@ def main(argv=None) -> int:
     ap.add_argument("--check-peers", action="store_true", help="time every CPU peer once more, "
                     "alone in a fresh process, and flag rows whose in-bench peer rate differs "
                     "by more than 15%% (exit status 1)")
+    ap.add_argument("--check-relax", action="store_true", help="also build a one-conv Relax "
+                    "model through tsl.relax.pipeline and flag its time off the bench's "
+                    "user-level time of that conv by more than 15%% (exit status 1)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--trials", type=int, help="programs searched per operator (default: the "
                     "back end's, 24 on VTA, 0 elsewhere; 0 = the model's default knobs only); "
@@ -288,7 +297,16 @@ def main(argv=None) -> int:
         print(f"check-peers: {checked} peer timings re-timed alone, {len(off)} off by > 15%")
         for line in off:
             print(f"  {line}")
-    return 1 if failed or off else 0
+    relax_off = False
+    if args.check_relax:
+        from . import relax_check
+
+        progress("[check-relax] one conv through tsl.relax.pipeline ...")
+        res = relax_check.check()
+        progress("")
+        print(relax_check.line(res))
+        relax_off = not res["ok"]
+    return 1 if failed or off or relax_off else 0
 
 
 if __name__ == "__main__":
