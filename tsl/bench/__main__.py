@@ -294,7 +294,8 @@ def main(argv=None) -> int:
         off = alone.check(rows, resolve_target("cpu")[1].cores())
         progress("")
         checked = sum(len(r.get("peer_check", {})) for r in rows)
-        print(f"check-peers: {checked} peer timings re-timed alone, {len(off)} off by > 15%")
+        print(f"check-peers: {checked} peers re-timed alone (3 fresh processes each), "
+              f"{len(off)} off by > 15% from all three")
         for line in off:
             print(f"  {line}")
     relax_off = False
