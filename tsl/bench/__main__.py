@@ -157,7 +157,7 @@ def summary(rows: list[dict]) -> list[str]:
                f"{' / '.join(peers)} over {len(ratios)} rows" if ratios else "no peer ratio")
         rates = sorted({r["rates"] for r in mine if "rates" in r})
         out.append(f"{target}: {ok}/{len(mine)} rows verified, {geo}"
-                   + (f"; peaks {'/'.join(rates)}" if rates else ""))
+                   + (f"; peaks: {'/'.join(rates)}" if rates else ""))
     return out
 
 
@@ -288,9 +288,16 @@ def main(argv=None) -> int:
 
         print(f"report: {write_report({'host': host_info(), 'rows': rows}, args.report)}")
     failed = [r for r in rows if "skipped" not in r and r.get("verified") is False]
+    return 1 if failed or not self_checks(rows, args.check_peers, args.check_relax,
+                                          progress) else 0
+
+
+def self_checks(rows: list[dict], peers: bool, relax: bool, progress) -> bool:
+    """--check-peers (each peer re-timed alone) and --check-relax (one conv inside a Relax
+    model against its row's time); prints what they find, True when nothing is off."""
     off = []
-    if args.check_peers:
-        progress("[check-peers] timing every peer once more, alone ...")
+    if peers:
+        progress("[check-peers] timing every peer again, alone ...")
         off = alone.check(rows, resolve_target("cpu")[1].cores())
         progress("")
         checked = sum(len(r.get("peer_check", {})) for r in rows)
@@ -298,17 +305,16 @@ def main(argv=None) -> int:
               f"{len(off)} off by > 15% from all three")
         for line in off:
             print(f"  {line}")
-    relax_off = False
-    if args.check_relax:
+    ok = True
+    if relax:
         from . import relax_check
 
         progress("[check-relax] one conv through tsl.relax.pipeline ...")
         res = relax_check.check()
         progress("")
         print(relax_check.line(res))
-        relax_off = not res["ok"]
-    return 1 if failed or off or relax_off else 0
-
+        ok = res["ok"]
+    return ok and not off
 
 if __name__ == "__main__":
     sys.exit(main())
