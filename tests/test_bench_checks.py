@@ -17,3 +17,15 @@ def test_check_relax_builds_a_one_conv_model_verifies_it_and_times_both_sides(mo
     assert res["ok"] == (abs(res["ratio"] - 1) <= 0.15)
     line = relax_check.line(res)
     assert line.startswith("check-relax: conv2d 1x8x10x10x16x3x3 NCHW") and "ratio" in line
+
+
+def test_a_peer_rate_is_the_median_of_fresh_processes(monkeypatch):
+    from tsl import timing
+    from tsl.bench import alone
+
+    monkeypatch.setattr(timing, "SETTLE_SECONDS", 0.0)
+    sp = {"gemm": [1, 48, 40, 32], "work": 2 * 48 * 40 * 32}
+    t = alone.median_alone("numpy gemm", sp, cores=1, runs=3)
+    runs = t.info["runs_gops"]
+    assert len(runs) == 3 and runs == sorted(runs, reverse=True)
+    assert round(t.rate / 1e9, 1) == runs[1]  # the middle one
