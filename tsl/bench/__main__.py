@@ -5,13 +5,15 @@ and `python -m tsl.bench --model-check [--targets T,..] [--ops OP,..] [--quick] 
 Builds a representative slice of each back end's suite (`--full`: all of it; minutes on 2 cores
 against tens) with the default schedules, verifies every artifact against NumPy
 on fresh random data, and prints time (or simulated cycles, or an estimate where there is no
-hardware), the achieved rate, its share of the machine file's peak, and the ratio to a baseline
+hardware), the achieved rate, its share of the machine's peak, and the ratio to a baseline
 measured or modelled in the same run, then one summary line per target. A CPU row's time is
 what a caller pays per call (constant operands bound once with `art.bind`; the kernel alone
 and the one-time weight preparation in the notes); its peers (NumPy, PyTorch) are each timed
-alone in a fresh process (tsl/bench/alone.py; `--check-peers` times them once more and flags
-any more than 15% off). Timings are medians; the machines are noisy. Knobs are
-the cost model's choice; where a back end asks for it (VTA) or `--trials N` is given, a
+alone, the median of 3 fresh processes (tsl/bench/alone.py; `--check-peers` times them in 3 more
+and flags an in-bench rate more than 15% from all of them; `--check-relax` times one conv inside
+a Relax model against its row). peak% is against the machine's peak: for the CPU, this host's,
+probed (a row faster than it prints 100.0! and says the peak under-read the host). Timings
+are medians; the machines are noisy. Knobs are the cost model's choice; where a back end asks for it (VTA) or `--trials N` is given, a
 `tsl.tune` search of N programs may replace them (`--trials 0`: default knobs only).
 `--model-check` instead ranks random knob settings by the model and by measurement and prints
 their Spearman correlation (see tsl/bench/model_check.py).
