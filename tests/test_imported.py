@@ -106,3 +106,33 @@ def test_the_same_model_through_onnx_matches_pytorch(tmp_path):
         want = model(torch.from_numpy(x)).numpy()
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
     assert err < 1e-4, err
+
+
+class ClippedConvs(torch.nn.Module):
+    """MobileNet's pointwise conv-BN-relu6, then a hardtanh of fractional bounds."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(8, 24, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(24)
+        self.conv2 = torch.nn.Conv2d(24, 16, 3, padding=1)
+
+    def forward(self, x):
+        x = torch.nn.functional.relu6(self.bn1(self.conv1(x)))
+        return torch.nn.functional.hardtanh(self.conv2(x), -0.25, 0.75)
+
+
+def test_relu6_and_float_clips_after_a_conv_are_its_epilogue_not_a_pass_after_it():
+    model = _randomized(ClippedConvs())
+    x = np.random.default_rng(4).uniform(-1, 1, (1, 8, 9, 11)).astype("float32")
+    mod = _exported(model, x)
+    rep = tsl.relax.report(mod, "cpu")
+    taken = [d for d in rep.taken if d.pattern.startswith("conv2d")]
+    assert len(taken) == 2, str(rep)
+    assert all("clip" in d.pattern and "left to TVM" not in d.pattern for d in taken), str(rep)
+    got = _compile_and_run(mod, x)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    assert got.min() >= -0.25 and got.max() <= 0.75
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert err < 1e-4, err

@@ -357,10 +357,24 @@ def _elementwise_step(block, cur, params, chan_var_pos, n_chan, acc_dtype):
         return Step("relu"), None
     if isinstance(v, tirx.RShift) and is_cur(v.a) and _int(v.b) is not None:
         return Step("shift", (_int(v.b),)), None
-    if (isinstance(v, tirx.Max) and isinstance(v.a, tirx.Min) and is_cur(v.a.a)
-            and _int(v.b) is not None and _int(v.a.b) is not None):
-        return Step("clip", (_int(v.b), _int(v.a.b))), None
+    bounds = _clip_bounds(v, is_cur, _int if acc_dtype.startswith("int") else _const)
+    if bounds is not None:
+        return Step("clip", bounds), None
     return None, None
+
+
+def _clip_bounds(v, is_cur, bound):
+    """(lo, hi) when `v` is max(min(cur, hi), lo) or min(max(cur, lo), hi) with constant
+    bounds (`bound` reads one: integers on an integer accumulator, where a fractional bound
+    would change the meaning; any number on a float one: relu6 is clip(0.0, 6.0)), else None."""
+    _, tirx = _types()
+    for outer, inner in ((tirx.Max, tirx.Min), (tirx.Min, tirx.Max)):
+        if isinstance(v, outer) and isinstance(v.a, inner) and is_cur(v.a.a):
+            lo, hi = (bound(v.b), bound(v.a.b)) if outer is tirx.Max else (bound(v.a.b),
+                                                                          bound(v.b))
+            if lo is not None and hi is not None and lo <= hi:
+                return lo, hi
+    return None
 
 
 def match(func) -> Match:
