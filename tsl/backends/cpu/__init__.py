@@ -62,7 +62,13 @@ class CPUBackend(Backend):
 
     def tvm_target(self, machine):
         """The host's LLVM CPU with the machine file's vector features (what tsl's kernels are
-        compiled with)."""
+        compiled with). A model compiled for the host runs in this process's TVM thread pool,
+        which TVM sizes to half the logical CPUs on x86 (it assumes two threads per core): on a
+        host without SMT that is half its cores, so the pool is sized to the machine's cores
+        here, as tsl's own artifacts do when they run (`runtime.set_threads`)."""
+        from .runtime import set_threads
+
+        set_threads(machine.cores())
         return codegen.target(machine)
 
     def suite(self, quick: bool) -> list:
