@@ -1,5 +1,6 @@
 """Loading machine files: every built-in one, and every error path of the loader."""
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -8,6 +9,7 @@ import pytest
 
 import tsl
 from tsl.errors import TAMError
+from tsl.tam import writer
 
 GOOD = """
 [machine]
@@ -136,3 +138,43 @@ def test_show_cli():
     err = subprocess.run([sys.executable, "-m", "tsl.tam", "show", "nope"],
                          capture_output=True, text=True)
     assert err.returncode == 2 and "unknown machine" in err.stderr
+
+
+def test_params_are_typed_per_back_end():
+    m = tsl.load_machine("tensorcore-sm80")
+    assert type(m.params).__name__ == "TensorCoreParams"
+    assert m.params.smem_bytes_per_sm == 167936 and m.params.split_k == (1, 2, 4, 8)
+    assert tsl.load_machine("x86-avx2").params.require == ("avx2", "fma")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.params.arch = "sm_90"
+
+
+@pytest.mark.parametrize("params, where", [
+    ('[params]\nmtripel = "x86_64-linux-gnu"\n', "[params] key 'mtripel': unknown key"),
+    ('[params]\nrequire = "avx2"\n', "[params] key 'require': expected a list"),
+    ('[params]\npipeline_stages = "two"\n', "[params] key 'pipeline_stages': expected int"),
+])
+def test_params_errors_name_file_key_and_valid_keys(tmp_path, params, where):
+    with pytest.raises(TAMError) as e:
+        tsl.load_machine(write(tmp_path, GOOD + params))
+    assert "toy.toml" in str(e.value) and where in str(e.value)
+    if "unknown" in where:
+        assert "valid keys are" in str(e.value) and "'mtriple'" in str(e.value)
+
+
+def test_missing_required_params_are_listed(tmp_path):
+    text = GOOD.replace('backend = "cpu"', 'backend = "tpu"') + "[params]\ngeneration = 4\n"
+    with pytest.raises(TAMError, match=r"toy.toml: \[params\] key\(s\) \['mxu_count'"):
+        tsl.load_machine(write(tmp_path, text))
+
+
+def test_unknown_back_end_is_named(tmp_path):
+    with pytest.raises(TAMError, match="key 'backend': no back end named 'abacus'"):
+        tsl.load_machine(write(tmp_path, GOOD.replace('backend = "cpu"', 'backend = "abacus"')))
+
+
+@pytest.mark.parametrize("name", tsl.machines())
+def test_writer_round_trips_every_builtin_machine(tmp_path, name):
+    m = tsl.load_machine(name)
+    back = tsl.load_machine(write(tmp_path, writer.dumps(m), f"{name}.toml"))
+    assert dataclasses.replace(back, source=m.source) == m

@@ -129,7 +129,7 @@ def info() -> HostCPU:
     cpu = codegen.llvm_get_system_cpu()
     llvm = set(codegen.llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": cpu})))
     flags = _os_flags()
-    wanted = {f for m in cpu_machines() for f in m.params.get("require", [])}
+    wanted = {f for m in cpu_machines() for f in m.params.require}
     feats = set(llvm)
     if flags is not None:
         # The OS speaks for the features the machine files ask about: LLVM names the CPU
@@ -153,10 +153,10 @@ def cpu_machines() -> tuple[Machine, ...]:
 def missing(machine: Machine, h: HostCPU | None = None) -> list[str]:
     """What the host lacks to run `machine`: its architecture, or CPU features."""
     h = h or info()
-    arch = machine.params.get("arch")
+    arch = machine.params.arch
     if arch and _arch(arch) != h.arch:
         return [f"arch {arch} (this host is {h.arch})"]
-    return [f for f in machine.params.get("require", []) if not h.has(f)]
+    return [f for f in machine.params.require if not h.has(f)]
 
 
 def runnable(h: HostCPU | None = None) -> list[Machine]:
@@ -168,8 +168,8 @@ def runnable(h: HostCPU | None = None) -> list[Machine]:
 
 def _rank(m: Machine, h: HostCPU):
     per_core = {d: v / m.cores() for d, v in m.peaks.items()}
-    return (h.llvm_cpu in m.params.get("cpus", ()), per_core.get("float32", 0.0),
-            per_core.get("int8", 0.0), len(m.params.get("require", [])))
+    return (h.llvm_cpu in m.params.cpus, per_core.get("float32", 0.0),
+            per_core.get("int8", 0.0), len(m.params.require))
 
 
 def specialize(m: Machine, h: HostCPU) -> Machine:
@@ -224,9 +224,9 @@ def detect() -> Machine:
             f"no built-in CPU machine runs on this host ({h.arch}, LLVM cpu {h.llvm_cpu}); "
             f"write one (python -m tsl.tam probe -o my.toml) and pass its path as the target")
     m = best[0]
-    why = (f"its [params] cpus lists {h.llvm_cpu}" if h.llvm_cpu in m.params.get("cpus", ())
+    why = (f"its [params] cpus lists {h.llvm_cpu}" if h.llvm_cpu in m.params.cpus
            else "the highest peak per core")
-    notes = [f"host features {sorted(m.params.get('require', []))}: all that {m.name} requires",
+    notes = [f"host features {sorted(m.params.require)}: all that {m.name} requires",
              f"chosen over {[x.name for x in best[1:]] or 'nothing else runnable'}: {why}"]
     notes += [f"not runnable here: {x.name} (lacks {missing(x, h)})" for x in cpu_machines()
               if missing(x, h)]

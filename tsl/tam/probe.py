@@ -142,7 +142,7 @@ def probe(name: str | None = None, seconds: float = 0.2) -> tuple[Machine, str]:
     m = dataclasses.replace(base, name=name or f"{base.name}-probed", clock_hz=clock,
                             primitives=tuple(prims), peaks=peaks, notes=(),
                             description=f"{h.model or h.llvm_cpu}, measured by tsl.tam probe",
-                            params={**base.params, "cpus": [h.llvm_cpu]})
+                            params=dataclasses.replace(base.params, cpus=(h.llvm_cpu,)))
     header = "\n".join(
         [f"{m.name}: this host, measured by `python -m tsl.tam probe` on "
          f"{time.strftime('%Y-%m-%d')}.", "",

@@ -19,6 +19,7 @@ from ...ops import bias, conv2d, dense, matmul, relu
 from . import codegen, hopper, model
 from .lowering import TensorCoreLowering
 from .runtime import TensorCoreArtifact
+from .machine import TensorCoreParams
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class TensorCoreBackend(Backend):
     name = "cuda_tensorcore"
     default_machine = "tensorcore-sm90"
     Options = TensorCoreOptions
+    Params = TensorCoreParams
 
     def unavailable(self, machine, options: TensorCoreOptions | None = None) -> str | None:
         return None  # CUDA source is generated without a GPU; nvcc is checked where needed
@@ -71,9 +73,9 @@ class TensorCoreBackend(Backend):
                                 f"the ldmatrix + mma.sync kernels only (this one issues "
                                 f"{t.instruction}); do not split the reduction")
         threads = 32 * t.warps
-        if threads > int(m.params["max_threads_per_block"]):
+        if threads > int(m.params.max_threads_per_block):
             raise ScheduleError(f"{schedule.op} on {m.name}: {t.warps} warps per block "
-                                f"({threads} threads) exceed the {m.params['max_threads_per_block']}"
+                                f"({threads} threads) exceed the {m.params.max_threads_per_block}"
                                 f" a block may have; use smaller m_outer / n_outer")
         static = model.epilogue_shared_bytes(t)
         if static > model.STATIC_SHARED_MAX:
@@ -82,17 +84,17 @@ class TensorCoreBackend(Backend):
                                 f"{model.STATIC_SHARED_MAX} B of static shared memory a kernel "
                                 f"may have; use fewer warps (m_outer / n_outer)")
         regs = model.registers(t)
-        if regs * threads > int(m.params["registers_per_sm"]):
+        if regs * threads > int(m.params.registers_per_sm):
             raise ScheduleError(f"{schedule.op} on {m.name}: {threads} threads x {regs} "
                                 f"registers (modelled) exceed the SM's "
-                                f"{m.params['registers_per_sm']}; use fewer warps or smaller "
+                                f"{m.params.registers_per_sm}; use fewer warps or smaller "
                                 f"accumulator tiles")
 
     def tvm_target(self, machine):
         """cuda with the machine's arch, an llvm host."""
         import tvm
 
-        return tvm.target.Target({"kind": "cuda", "arch": machine.params["arch"]},
+        return tvm.target.Target({"kind": "cuda", "arch": machine.params.arch},
                                  host={"kind": "llvm"})
 
     def suite(self, quick: bool) -> list:

@@ -19,6 +19,7 @@ from . import model  # noqa: F401 - registers the kernel's price with tsl.model
 from .kernel import MosaicArtifact, check_plan, kernel_plan
 from .plan import schedule_plan
 from .runtime import TPUArtifact, check_vmem
+from .machine import TPUParams
 
 EMITTERS = ("mosaic", "stablehlo")
 # (H=W, Cin, Cout, kernel, pad, stride) of ResNet-18's conv layers C2..C11, the bench's rows.
@@ -44,6 +45,7 @@ class TPUBackend(Backend):
     name = "tpu"
     default_machine = "tpu-v5e"
     Options = TPUOptions
+    Params = TPUParams
 
     def unavailable(self, machine, options: TPUOptions | None = None) -> str | None:
         return None  # emitting needs no jax; running says what to install
@@ -56,7 +58,7 @@ class TPUBackend(Backend):
         check_tensorized(schedule)
         check_hbm(schedule)
         check_vmem(schedule)
-        check_plan(schedule_plan(schedule, int(schedule.machine.params["tiling"][0])), schedule)
+        check_plan(schedule_plan(schedule, int(schedule.machine.params.tiling[0])), schedule)
 
     def _build(self, schedule, options: TPUOptions):
         """The artifact of the emitter `options.emitter` names (`TPUOptions`)."""
