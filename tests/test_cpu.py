@@ -9,7 +9,7 @@ import pytest
 import tsl
 from tsl import ops
 from tsl.errors import BackendUnavailable, InputError, TAMError
-from tsl.tam import host
+from tsl.backends.cpu import detect, host
 
 from conftest import cpu_machines, other_cpu_machines
 
@@ -160,8 +160,8 @@ def test_input_errors():
 
 def variant(tmp_path, name, edit):
     """A copy of the detected machine's file under another name, edited by `edit`."""
-    src = open(host.detect().source).read()
-    base = host.detect().name
+    src = open(detect().source).read()
+    base = detect().name
     p = tmp_path / f"{name}.toml"
     p.write_text(edit(src.replace(f'name = "{base}"', f'name = "{name}"', 1)))
     return tsl.load_machine(p)
@@ -176,7 +176,7 @@ def test_missing_cpu_feature_is_backend_unavailable(tmp_path):
 def test_a_new_cpu_variant_is_one_toml_file(tmp_path):
     """Twice the lanes per primitive, fewer accumulator registers, and int8 through the
     generic vector kind instead of the file's instruction: no Python change."""
-    base = host.detect()
+    base = detect()
     p32 = base.primitive("float32")
     p8 = base.primitive("int8") or base.primitive("uint8", "int8")
 
@@ -224,7 +224,7 @@ def test_estimate_and_source():
 def test_primitive_scratch_counts_against_the_accumulator_level(tmp_path):
     """A primitive that needs registers of its own besides the accumulator tile (vpmaddwd)
     leaves less room for the tile: the file says how much, the schedule checks it."""
-    base = host.detect()
+    base = detect()
     p8 = base.primitive("int8") or base.primitive("uint8", "int8")
     acc = next(lv for lv in base.memory if lv.name == p8.c_level)
 

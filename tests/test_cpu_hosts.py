@@ -1,5 +1,5 @@
 """What `target="cpu"` means on this host, machine files for hosts this one is not (cross-compiled,
-their assembly read), and `python -m tsl.tam detect | probe`."""
+their assembly read), and `python -m tsl.backends.cpu detect | probe`."""
 
 import dataclasses
 import os
@@ -12,7 +12,7 @@ import tsl
 from tsl import ops
 from tsl.backends.cpu import suite
 from tsl.errors import BackendUnavailable
-from tsl.tam import host
+from tsl.backends.cpu import detect, host
 
 from conftest import cross_cpu_machines
 
@@ -23,7 +23,7 @@ ASM = {("x86_64", "float32"): "vfmadd", ("aarch64", "float32"): "fmla",
 
 
 def test_detect_picks_a_runnable_machine_with_the_hosts_cores():
-    m = tsl.tam.detect()
+    m = detect()
     h = host.info()
     assert host.missing(m) == []
     assert m.cores() == h.cores == len(os.sched_getaffinity(0))
@@ -37,7 +37,7 @@ def test_detect_picks_a_runnable_machine_with_the_hosts_cores():
 def test_tsl_cpu_forces_a_machine_and_refuses_one_the_host_cannot_run(monkeypatch):
     base = min(host.runnable(), key=lambda m: len(m.params.require))
     monkeypatch.setenv("TSL_CPU", base.name)
-    assert tsl.tam.detect().name == base.name
+    assert detect().name == base.name
     assert tsl.build(ops.matmul(8, 8, 8), "cpu").machine.name == base.name
     foreign = "aarch64-neon" if host.info().arch == "x86_64" else "x86-avx2"
     monkeypatch.setenv("TSL_CPU", foreign)
@@ -165,22 +165,23 @@ def test_an_aarch64_host_gets_the_file_of_its_extensions(features, want):
 
 
 def test_detect_cli():
-    out = subprocess.run([sys.executable, "-m", "tsl.tam", "detect"], capture_output=True,
-                         text=True, check=True).stdout
-    assert f"cpu -> {tsl.tam.detect().name}" in out and "host:" in out
+    out = subprocess.run([sys.executable, "-m", "tsl.backends.cpu", "detect"],
+                         capture_output=True, text=True, check=True).stdout
+    assert f"cpu -> {detect().name}" in out and "host:" in out
+    assert "rates: built-in" in out  # the suite runs with TSL_PROBE=0 (conftest)
 
 
 def test_probe_writes_a_machine_file_that_builds(tmp_path):
-    from tsl.tam import probe
+    from tsl.backends.cpu import hostmachine
 
-    m, text = probe.probe("probed-here", seconds=0.01)
+    m, text = hostmachine.probe_file("probed-here")
     path = tmp_path / "probed.toml"
     path.write_text(text)
     loaded = tsl.load_machine(path)
     assert loaded.name == "probed-here" and loaded.cores() == host.info().cores
     for p in loaded.primitives:
         assert p.macs_per_cycle > 0
-    assert "measured by `python -m tsl.tam probe`" in text.splitlines()[0]
+    assert "measured by `python -m tsl.backends.cpu probe`" in text.splitlines()[0]
     art = tsl.build(ops.matmul(33, 40, 50, dtype="int8"), loaded)
     assert art.verify()[0]
 

@@ -14,6 +14,7 @@ from tvm import relax  # noqa: E402
 from tvm.relax.frontend import nn  # noqa: E402
 
 import tsl.relax  # noqa: E402
+from tsl.backends.cpu import detect  # noqa: E402
 
 
 def _compile_both(mod, x, target="cpu", **kw):
@@ -29,12 +30,12 @@ def _swapped(report):
 # -- targets ----------------------------------------------------------------------------------
 def test_targets_map_to_machines():
 
-    assert tsl.relax.machine_for("llvm").name == tsl.tam.detect().name
-    assert tsl.relax.machine_for({"kind": "llvm"}).name == tsl.tam.detect().name
+    assert tsl.relax.machine_for("llvm").name == detect().name
+    assert tsl.relax.machine_for({"kind": "llvm"}).name == detect().name
     assert tsl.relax.machine_for({"kind": "cuda", "arch": "sm_90"}).name == "tensorcore-sm90"
     assert tsl.relax.machine_for(tvm.target.Target({"kind": "cuda", "arch": "sm_80"})).name \
         == "tensorcore-sm80"
-    assert tsl.relax.machine_for("cpu").name == tsl.tam.detect().name
+    assert tsl.relax.machine_for("cpu").name == detect().name
     tgt = tsl.relax.tvm_target("cpu")
     assert tgt.kind.name == "llvm" and "+avx2" in [str(a) for a in tgt.attrs["mattr"]]
 

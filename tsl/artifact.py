@@ -123,18 +123,11 @@ class Artifact:
         """What a caller pays per call (`bind` of `constants()`, then the median of `repeat`
         calls on the other inputs: their padding and packing and the output's cropping
         included) and the one-time weight preparation, apart."""
-        import time
-
         names = self.constants()
         consts = {t.name: x for t, x in zip(self.op.inputs, arrays) if t.name in names}
         f = self.bind(**consts)
         free = [x for t, x in zip(self.op.inputs, arrays) if t.name not in names]
-        f(*free)
-        ts = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            f(*free)
-            ts.append(time.perf_counter() - t0)
+        ts = call_times(lambda: f(*free), repeat)
         return {"user_samples": ts, "user_seconds": float(np.median(ts)),
                 "weight_prep_seconds": f.prep_seconds, "bound_inputs": names}
 
@@ -150,3 +143,23 @@ class Artifact:
         """Run on random inputs and compare with the NumPy reference: (ok, error)."""
         xs = self.op.random_inputs(seed)
         return self.op.check(self.run(*xs), self.op.reference(*xs))
+
+
+# Calls before a per-call timing: after a pause, the first calls of a bound CPU conv read up
+# to 40% slower than the tenth (1x64x56x56 3x3: 1.75, 1.45, ... then 1.31 ms) while NumPy's
+# per-call input and output copies fault their pages in; a caller in a loop pays the latter.
+WARMUP_CALLS = 10
+
+
+def call_times(fn, repeat: int, warmup: int = WARMUP_CALLS) -> list[float]:
+    """Seconds of each of `repeat` single calls of `fn`, after `warmup` untimed ones."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return ts

@@ -17,13 +17,15 @@ from pathlib import Path
 import tsl
 from my_schedule import my_schedule
 from tsl import ops
+from tsl.backends.cpu import detect
 from tsl.bench.rows import compulsory_bytes
 from tsl.tam import roofline
 
 # 1. The machine: plain data from a TOML file. target="cpu" means the built-in file that fits
 #    this host best (x86-avx2, x86-avx512, aarch64-neon-dotprod, ...), with the host's core
-#    count and caches; `python -m tsl.tam detect` says which and why.
-cpu = tsl.tam.detect()
+#    count and caches and its measured rates; `python -m tsl.backends.cpu detect` says which
+#    and why.
+cpu = detect()
 acc = cpu.levels("accumulator", "C")[0]
 prim = cpu.primitive("float32")
 print(f"machine {cpu.name}: {cpu.cores()} cores, primitive {prim.name}, "

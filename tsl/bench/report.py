@@ -100,7 +100,8 @@ def host_info() -> dict:
     try:
         backend, m = resolve_target("cpu")
         why = backend.unavailable(m)
-        detected = m.name + (f" (cannot build here: {why})" if why else "")
+        detected = m.name + (f" (cannot build here: {why})" if why else
+                             f" (rates: {m.provenance})")
     except TSLError as e:
         detected = f"none ({type(e).__name__}: {e})"
     versions = {}

@@ -7,7 +7,11 @@ of `{"host": ..., "rows": [...]}`) has, besides what the back end's `benchmark()
     machine                    the TAM name the target resolved to
     verified                   True / False / None (built and checked, but nothing here runs it)
     seconds, rate, pct_peak    time (measured median, simulated, or modelled), useful operations
-                               per second (a MAC is two), share of the file's peak
+                               per second (a MAC is two), share of the machine's peak
+    rates                      where the machine's clock, rates and peaks come from
+                               (`Machine.provenance`: "probed" on this host, "built-in", "file")
+    peak_under_read            only where the rate exceeded the machine's peak: rate / peak;
+                               pct_peak is then 100 against the row's own rate (see peak_fields)
     cycles                     simulated rows: the cycle count
     samples                    measured rows: the repeated times the median is taken over; their
                                spread is the row's noise band
@@ -84,13 +88,29 @@ def bound_of(m: Machine, dtype: str, flops: float, moved: dict[str, float]) -> d
     return {"bound_level": level, "intensity": intensity, "bound": bound}
 
 
+def peak_fields(m: Machine, dtype: str, row: dict) -> dict:
+    """`rates` (m's provenance) and, where the row's rate beat m's peak, the honest reading of
+    that: the peak is a measured (or published) upper bound of the instruction's throughput, so
+    a faster row means the peak under-read this machine (a probe timed while the host was busy,
+    a file's nominal clock below this host's): the row's own rate is the best bound known, its
+    pct_peak 100, and `peak_under_read` says by how much the stated peak was exceeded."""
+    out = {"rates": m.provenance}
+    peak = m.peak(dtype)
+    if peak and row.get("rate", 0) > peak:
+        out.update(pct_peak=100.0, peak_under_read=row["rate"] / peak)
+    elif row.get("pct_peak", 0) > 100:  # a back end's own share, over a peak of its own
+        out.update(pct_peak=100.0, peak_under_read=row["pct_peak"] / 100)
+    return out
+
+
 def roofline_fields(art, row: dict) -> dict:
     """The schema's fields after `seconds` for a row `art.benchmark()` filled."""
     moved, source = traffic(art, row)
     flops = 2 * art.op.macs
     kind = row_kind(row)
     out = {"machine": art.machine.name, "kind": kind, "flops": flops, "traffic": moved,
-           "traffic_from": source, **bound_of(art.machine, art.op.dtype, flops, moved)}
+           "traffic_from": source, **bound_of(art.machine, art.op.dtype, flops, moved),
+           **peak_fields(art.machine, art.op.dtype, row)}
     peers = {name: dict(p) for name, p in (row.get("peers") or {}).items()}
     if not peers and row.get("speedup") is not None:
         peers = {row["baseline"]: {"ratio": row["speedup"]}}

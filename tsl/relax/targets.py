@@ -1,7 +1,7 @@
 """TVM targets <-> tsl machines.
 
 `machine_for` answers "which TAM does this TVM target mean": an `llvm` target is the host CPU
-(`tsl.tam.detect`), a `cuda` target with `arch` sm_80 / sm_90 is the Tensor Core machine of that
+(`tsl.backends.cpu.detect`), a `cuda` target with `arch` sm_80 / sm_90 is the Tensor Core machine of that
 generation. tsl's own names ("cpu", "tensorcore-sm90", a Machine) are accepted too.
 `tvm_target` is the other direction: the TVM target a model should be compiled for so that tsl's
 kernels and TVM's own code both use the machine's instructions.

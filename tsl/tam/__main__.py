@@ -1,12 +1,16 @@
-"""`python -m tsl.tam list | show NAME|PATH [--plot FILE.png] | detect | probe [-o FILE]`."""
+"""`python -m tsl.tam list | show NAME|PATH [--plot FILE.png]`.
+
+Which machine `target="cpu"` means here, and measuring this host, are the CPU back end's:
+`python -m tsl.backends.cpu detect | probe [-o FILE]`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ..errors import TAMError, TSLError
-from . import builtin_names, host, load
+from ..errors import TAMError
+from . import builtin_names, load
 from .machine import Machine
 
 
@@ -43,38 +47,18 @@ def render(m: Machine) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tsl.tam")
+    ap = argparse.ArgumentParser(prog="python -m tsl.tam", epilog="which machine target='cpu' "
+                                 "means here, and measuring this host: python -m "
+                                 "tsl.backends.cpu detect | probe")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="built-in machines")
     show = sub.add_parser("show", help="print one machine")
     show.add_argument("machine", help="a built-in name or a path to a .toml file")
     show.add_argument("--plot", metavar="PNG", help="also draw the machine's roofline (compute "
                       "ceiling per dtype, bandwidth ceiling per memory level) into this file")
-    sub.add_parser("detect", help='which machine target="cpu" means here, and why')
-    probe = sub.add_parser("probe", help="measure this host and write a CPU machine file")
-    probe.add_argument("-o", "--output", help="file to write (default: print it)")
-    probe.add_argument("--name", help="machine name (default: <detected>-probed)")
     args = ap.parse_args(argv)
     if args.cmd == "list":
         print("\n".join(builtin_names()))
-        return 0
-    if args.cmd in ("detect", "probe"):
-        try:
-            if args.cmd == "detect":
-                print(host.report())
-                return 0
-            from .probe import probe as run_probe
-
-            m, text = run_probe(args.name)
-        except TSLError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        if args.output:
-            with open(args.output, "w") as f:
-                f.write(text)
-            print(f"wrote {args.output}: {render(m)}")
-        else:
-            print(text)
         return 0
     try:
         m = load(args.machine)

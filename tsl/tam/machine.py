@@ -169,6 +169,9 @@ class Machine:
     sources: Mapping[str, str] = field(default_factory=dict)
     source: str = ""
     notes: tuple[str, ...] = ()  # how this machine was arrived at (e.g. host detection)
+    # Where the clock, rates and peaks come from: "file" (as written), or what a back end
+    # made of them for this host (the CPU's: "built-in", "probed"); a bench row prints it.
+    provenance: str = "file"
 
     # -- lookups used by schedules and back ends -------------------------------------------
     def memory_level(self, name: str) -> MemoryLevel:

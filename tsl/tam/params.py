@@ -95,6 +95,10 @@ def _convert(hint, v):
         if not isinstance(v, dict):
             raise TypeError(f"expected a table, got {v!r}")
         return {_convert(args[0], k): _convert(args[1], x) for k, x in v.items()}
+    if hint in (dict, list):  # a nested table its back end's reader checks itself
+        if not isinstance(v, hint):
+            raise TypeError(f"expected a {'table' if hint is dict else 'list'}, got {v!r}")
+        return v
     if hint is bool:
         if not isinstance(v, bool):
             raise TypeError(f"expected true or false, got {v!r}")

@@ -1,4 +1,4 @@
-"""A Machine back to TOML, in the layout `loader.py` reads (used by `python -m tsl.tam probe`)."""
+"""A Machine back to TOML, in the layout `loader.py` reads (used by `python -m tsl.backends.cpu probe`)."""
 
 from __future__ import annotations
 

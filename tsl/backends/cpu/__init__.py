@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from ...backend import Backend, Options
 from ...lower import lower
-from ...tam import host
-from . import codegen, suite
+from . import codegen, host, rates, suite
+from .hostmachine import detect
 from .lowering import CPULowering
 from .runtime import CPUArtifact
 from .machine import CPUParams
@@ -29,12 +29,14 @@ class CPUBackend(Backend):
     Params = CPUParams
 
     def default(self):
-        """The built-in machine that best fits this host (`tsl.tam.detect`; TSL_CPU forces
-        one)."""
-        return host.detect()
+        """The built-in machine that best fits this host, with this host's rates
+        (`tsl.backends.cpu.detect`; TSL_CPU forces one, TSL_PROBE=0 skips the probe)."""
+        return detect()
 
     def for_host(self, machine):
-        return machine if host.missing(machine) else host.specialize(machine, host.info())
+        if host.missing(machine):
+            return machine
+        return rates.for_host(host.specialize(machine, host.info()), host.info())
 
     def unavailable(self, machine, options: CPUOptions | None = None) -> str | None:
         if options is not None and options.cross:

@@ -6,6 +6,7 @@ import re
 from functools import cache
 
 from ...errors import BackendUnavailable, LoweringError
+from . import host
 
 
 def target(machine, cross: bool = False):
@@ -15,8 +16,6 @@ def target(machine, cross: bool = False):
     `cross`: the file's `mtriple`, `mcpu` and `require` features, for a machine this host
     does not run (compile only)."""
     import tvm
-
-    from ...tam import host
 
     need = list(machine.params.require)
     if cross:
@@ -40,8 +39,6 @@ def target(machine, cross: bool = False):
 
 
 def unavailable_message(machine, lacks) -> str:
-    from ...tam import host
-
     runs = [m.name for m in host.runnable()]
     return (f"this host ({host.info().llvm_cpu}) cannot run machine {machine.name}: it lacks "
             f"{lacks}; machines it runs: {runs or 'none built in'} (target='cpu' picks the "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...tam.params import Params
 
@@ -13,7 +13,8 @@ class CPUParams(Params):
     LLVM is told when cross-compiling (on the host its own CPU name is used); require: the CPU
     features the file's primitives need (LLVM's names); cpus: LLVM CPU names this file is the
     best description of (host detection prefers it for them); qemu_cpu: the QEMU model an
-    emulated run uses."""
+    emulated run uses; uarch: per micro-architecture rate tables, `[params.uarch.NAME]`
+    (their keys are checked by `rates.uarch`, the one reader)."""
 
     arch: str = ""
     mtriple: str = ""
@@ -21,3 +22,4 @@ class CPUParams(Params):
     require: tuple[str, ...] = ()
     cpus: tuple[str, ...] = ()
     qemu_cpu: str = "max"
+    uarch: dict[str, dict] = field(default_factory=dict)

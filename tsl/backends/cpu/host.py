@@ -1,13 +1,16 @@
 """The host CPU: what it can execute, and which built-in CPU machine file fits it best.
 
-`detect()` (also `tsl.tam.detect()`) reads the host (LLVM's view of its CPU, checked against the operating system's, so a
-virtual machine that hides AVX-512 is believed; core count from the scheduler's affinity; cache
-sizes from sysfs) and returns the best built-in CPU machine whose `[params] require` features
-the host has, specialized to the host: its core count, its cache capacities and peaks scaled to
-those cores; its `notes` say why it was chosen. `TSL_CPU=<name or path>` forces a machine instead. A CPU machine file says, in
-`[params]`, `arch` (the `uname -m` it runs on), `require` (LLVM feature names), optionally
-`cpus` (LLVM CPU names it was measured on: preferred for them) and `mtriple` (for
-cross-compiling).
+`info()` reads the host: LLVM's view of its CPU, checked against the operating system's (so a
+virtual machine that hides AVX-512 is believed), the core count from the scheduler's affinity,
+cache sizes from sysfs, vendor, family and model from the OS. `choose()` picks the best
+built-in CPU machine whose `[params] require` features the host has (`TSL_CPU=<name or path>`
+forces one), `specialize()` gives it the host's core count (peaks scaled to it) and cache
+capacities. What `target="cpu"` means adds this host's rates to that:
+`hostmachine.detect()`, also `tsl.backends.cpu.detect()`.
+
+A CPU machine file says, in `[params]`, `arch` (the `uname -m` it runs on), `require` (LLVM
+feature names), optionally `cpus` (LLVM CPU names it was measured on: preferred for them),
+`mtriple` (for cross-compiling) and `uarch` (rates per micro-architecture, `rates.py`).
 
 Hardware-cache levels (`managed = false`) map to the host's caches innermost first: the
 innermost such level is the L1 data cache, the next the L2, and so on.
@@ -23,9 +26,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from ..errors import BackendUnavailable
-from .loader import builtin_names, load
-from .machine import Machine
+from ...errors import BackendUnavailable
+from ...tam.loader import builtin_names, load
+from ...tam.machine import Machine
 
 # LLVM feature name -> the flag the OS reports for it, where the two differ (Linux /proc/cpuinfo
 # on x86 and AArch64). A feature whose flag the OS does not report is not used.
@@ -51,6 +54,11 @@ class HostCPU:
     features: frozenset[str]  # LLVM feature names the host and its OS provide
     cores: int
     caches: tuple[Cache, ...]  # data and unified caches, innermost first
+    # What tells micro-architectures of one feature set apart (Zen 3 from Zen 2): the OS's
+    # vendor string and CPU family and model numbers, where it reports them.
+    vendor: str = ""
+    family: int | None = None
+    model_id: int | None = None
 
     def has(self, feature: str) -> bool:
         return feature in self.features
@@ -85,12 +93,18 @@ def _os_flags() -> set[str] | None:
     return None
 
 
-def _model() -> str:
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in /proc/cpuinfo (None where there is none)."""
     try:
-        m = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
-        return m.group(1).strip() if m else platform.processor()
+        m = re.search(rf"^{field}\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
     except OSError:
-        return platform.processor()
+        return None
+    return m.group(1).strip() if m else None
+
+
+def _number(field: str) -> int | None:
+    v = _cpuinfo(field)
+    return int(v, 0) if v and re.fullmatch(r"\d+|0x[0-9a-fA-F]+", v) else None
 
 
 def _caches() -> tuple[Cache, ...]:
@@ -136,8 +150,9 @@ def info() -> HostCPU:
         # model, and a hypervisor or the OS may switch some of the model's features off.
         for f in wanted:
             (feats.add if OS_FLAG.get(f, f) in flags else feats.discard)(f)
-    return HostCPU(_arch(platform.machine()), _model(), cpu, frozenset(feats), _cores(),
-                   _caches())
+    return HostCPU(_arch(platform.machine()), _cpuinfo("model name") or platform.processor(),
+                   cpu, frozenset(feats), _cores(), _caches(), _cpuinfo("vendor_id") or "",
+                   _number("cpu family"), _number("model"))
 
 
 @cache
@@ -145,7 +160,7 @@ def cpu_machines() -> tuple[Machine, ...]:
     out = []
     for name in builtin_names():
         m = load(name)
-        if m.backend == "cpu":
+        if m.backend == "cpu":  # this back end's own name: the files it runs
             out.append(m)
     return tuple(out)
 
@@ -206,9 +221,8 @@ def _fit_parents(levels):
     return out
 
 
-def detect() -> Machine:
-    """The CPU machine for this host (see the module docstring); `notes` give the reasons."""
-    h = info()
+def choose(h: HostCPU) -> tuple[Machine, list[str]]:
+    """The built-in machine for `h` (or TSL_CPU's), and why."""
     forced = os.environ.get(ENV)
     if forced:
         m = load(forced)
@@ -217,12 +231,13 @@ def detect() -> Machine:
             raise BackendUnavailable(
                 f"{ENV}={forced}: this host cannot run machine {m.name}: it lacks {lacks}; "
                 f"machines it runs: {[x.name for x in runnable(h)] or 'none built in'}")
-        return dataclasses.replace(specialize(m, h), notes=(f"forced by {ENV}={forced}",))
+        return m, [f"forced by {ENV}={forced}"]
     best = runnable(h)
     if not best:
         raise BackendUnavailable(
             f"no built-in CPU machine runs on this host ({h.arch}, LLVM cpu {h.llvm_cpu}); "
-            f"write one (python -m tsl.tam probe -o my.toml) and pass its path as the target")
+            f"write one (python -m tsl.backends.cpu probe -o my.toml) and pass its path as "
+            f"the target")
     m = best[0]
     why = (f"its [params] cpus lists {h.llvm_cpu}" if h.llvm_cpu in m.params.cpus
            else "the highest peak per core")
@@ -230,17 +245,4 @@ def detect() -> Machine:
              f"chosen over {[x.name for x in best[1:]] or 'nothing else runnable'}: {why}"]
     notes += [f"not runnable here: {x.name} (lacks {missing(x, h)})" for x in cpu_machines()
               if missing(x, h)]
-    return dataclasses.replace(specialize(m, h), notes=tuple(notes))
-
-
-def report() -> str:
-    """What `python -m tsl.tam detect` prints: the host, the machine chosen and why."""
-    h, m = info(), detect()
-    caches = ", ".join(f"L{c.level} {_size(c.bytes)}" for c in h.caches) or "unknown"
-    return "\n".join([f"cpu -> {m.name}  ({m.source})",
-                      f"  host: {h.model or '?'} ({h.arch}, LLVM cpu {h.llvm_cpu}), "
-                      f"{h.cores} cores, caches {caches}"] + [f"  {n}" for n in m.notes])
-
-
-def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10} KiB"
+    return m, notes
