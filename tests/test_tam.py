@@ -178,3 +178,52 @@ def test_writer_round_trips_every_builtin_machine(tmp_path, name):
     m = tsl.load_machine(name)
     back = tsl.load_machine(write(tmp_path, writer.dumps(m), f"{name}.toml"))
     assert dataclasses.replace(back, source=m.source) == m
+
+
+CHILD = """
+[machine]
+name = "toy-big"
+extends = "toy.toml"
+clock_hz = 2e9
+
+[sources]
+clock = "a made-up figure"
+
+[[memory]]
+name = "spad"
+capacity = "128 KiB"
+
+[[primitive]]
+replaces = "mm"
+name = "mm4"
+k = 4
+"""
+
+
+def test_extends_merges_tables_and_entries_by_name(tmp_path):
+    write(tmp_path, GOOD)
+    m = tsl.load_machine(write(tmp_path, CHILD, "big.toml"))
+    base = tsl.load_machine(tmp_path / "toy.toml")
+    assert (m.name, m.backend, m.clock_hz) == ("toy-big", "cpu", 2e9)
+    assert m.memory_level("spad").capacity == 128 << 10
+    assert [lv.name for lv in m.memory] == [lv.name for lv in base.memory]
+    assert [p.name for p in m.primitives] == ["mm4"] and m.primitives[0].shape == (1, 16, 4)
+    assert m.sources == {"clock": "a made-up figure"}
+
+
+def test_extends_errors_name_the_key(tmp_path):
+    write(tmp_path, GOOD)
+    with pytest.raises(TAMError, match=r"big.toml: \[\[primitive\]\] 'mm4' key 'replaces'"):
+        tsl.load_machine(write(tmp_path, CHILD.replace('replaces = "mm"', 'replaces = "mx"'),
+                               "big.toml"))
+    write(tmp_path, GOOD.replace('name = "toy"', 'name = "toy"\nextends = "big.toml"'))
+    with pytest.raises(TAMError, match="a cycle"):
+        tsl.load_machine(write(tmp_path, CHILD, "big.toml"))
+
+
+def test_aarch64_files_hold_only_what_differs():
+    for name in ("aarch64-neon-dotprod", "aarch64-neon-i8mm"):
+        m = tsl.load_machine(name)
+        text = open(m.source).read()
+        assert 'extends = "aarch64-neon"' in text and text.count("\n") < 60
+        assert m.memory == tsl.load_machine("aarch64-neon").memory and m.sources
