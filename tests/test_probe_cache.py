@@ -158,7 +158,7 @@ def test_the_real_probe_measures_this_host(cache):
 
 def test_no_bench_row_prints_more_than_100_percent_of_peak(cache, monkeypatch):
     from tsl.backends.cpu import runtime
-    from tsl.bench.__main__ import fmt
+    from tsl.bench.report import fmt
 
     monkeypatch.setattr(runtime, "SETTLE_SECONDS", 0.0)
     m = detect()  # probed: this host's peaks

@@ -33,11 +33,8 @@ from ..build import record
 from .. import timing
 from ..errors import BackendUnavailable, TSLError
 from . import alone, model_check, search
+from .report import print_table
 from .rows import roofline_fields
-
-COLUMNS = ("op", "shape", "dtype", "target", "verified", "time", "rate", "peak%", "baseline",
-           "speedup", "notes")
-
 
 def run_target(target: str, ops_filter, quick: bool, progress,
                trials: int | None = None) -> list[dict]:
@@ -93,55 +90,6 @@ def _benchmark(art, backend, machine) -> dict:
     if blas:
         row["blas"] = f"{blas}; peers timed alone"
     return row
-
-
-def fmt(row: dict) -> list[str]:
-    if "skipped" in row:
-        return [row["op"], "-", "-", row["target"], "skipped", "", "", "", "", "", row["skipped"]]
-    if "failed" in row:
-        return [row["op"], row["shape"], row["dtype"], row["target"], "FAILED", "", "", "", "",
-                "", row["failed"][:160]]
-    if "cycles" in row:
-        t = f"{row['cycles']:,} cyc"
-    elif row.get("estimated"):
-        t = f"~{row['seconds'] * 1e3:.3f} ms (est.)"
-    else:
-        t = f"{row['seconds'] * 1e3:.3f} ms"
-    sp = row.get("speedup")
-    verified = {True: "yes", False: "NO", None: "n/a"}[row["verified"]]
-    notes = row.get("checks") or row.get("notes") or ""
-    if "kernel_seconds" in row:
-        notes = "; ".join(x for x in [f"kernel only {row['kernel_seconds'] * 1e3:.3f} ms, weight "
-                                      f"prep, once: {row['weight_prep_seconds'] * 1e3:.2f} ms "
-                                      f"({'+'.join(row['bound_inputs']) or 'nothing bound'})", notes]
-                          if x)
-    others = [f"{r['ratio']:.2f}x {name}" for name, r in row.get("peers", {}).items()
-              if name != row.get("baseline")]
-    if others or row.get("blas"):
-        notes = "; ".join(x for x in ["vs " + ", ".join(others) if others else "",
-                                      row.get("blas", ""), notes] if x)
-    if row["verified"] is None:
-        notes = f"{notes}; not run here: {row['unverified']}"
-    if row.get("peak_under_read"):
-        notes = (f"{row['peak_under_read'] - 1:.0%} above the {row['rates']} peak, which "
-                 f"under-read this host (peak% against the row's rate); {notes}")
-    return [row["op"], row["shape"], row["dtype"], row["target"], verified,
-            t, f"{row['rate'] / 1e9:.1f} GOP/s",
-            f"{row['pct_peak']:.1f}" + ("!" if row.get("peak_under_read") else ""),
-            row.get("baseline") or "-", f"{sp:.2f}x" if sp is not None else "-", notes[:200]]
-
-
-def print_table(rows: list[dict]) -> None:
-    print_cells(list(COLUMNS), [fmt(r) for r in rows])
-
-
-def print_cells(head: list[str], body: list[list[str]]) -> None:
-    cells = [head] + body
-    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
-    for n, c in enumerate(cells):
-        print("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
 
 
 def summary(rows: list[dict]) -> list[str]:
