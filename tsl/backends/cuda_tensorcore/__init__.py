@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ...backend import Backend, Options
 from ...errors import ScheduleError
 from ...lower import lower
+from ...workloads import BERT_BASE
 from ...ops import bias, conv2d, dense, matmul, relu
 from . import codegen, hopper, model
 from .lowering import TensorCoreLowering
@@ -100,8 +101,9 @@ class TensorCoreBackend(Backend):
     def suite(self, quick: bool) -> list:
         """fp16 GEMMs (large, and BERT-base's at sequence 128), bf16 and int8 GEMMs, a ResNet
         3x3 conv2d in NHWC."""
-        bert = [dense(128, k, n, dtype="float16", epilogue=bias() + relu() if n == 3072 else None)
-                for n, k in ((768, 768), (3072, 768), (768, 3072), (2304, 768))]
+        bert = [dense(m, k, n, dtype="float16", epilogue=bias() + relu() if n == 3072 else None)
+                for m, n, k in (BERT_BASE[name] for name in
+                                ("attention_out", "ffn_in", "ffn_out", "qkv"))]
         if quick:
             return [matmul(4096, 4096, 4096, dtype="float16"), bert[1],
                     conv2d(8, 64, 56, 56, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")]
