@@ -116,7 +116,8 @@ def default_targets() -> list[str]:
     return ["cpu"] + [t for t in targets() if load(t).backend != "cpu"]
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m tsl.bench`."""
     ap = argparse.ArgumentParser(prog="python -m tsl.bench", description=__doc__.split("\n\n")[1])
     ap.add_argument("--targets", help="comma-separated machine or back-end names (default: "
                     f"cpu, i.e. this host's machine, and {', '.join(default_targets()[1:])})")
@@ -167,26 +168,16 @@ def main(argv=None) -> int:
     ap.add_argument("--frontends", default="torch,onnx", help="with --models: torch, onnx")
     ap.add_argument("--only", help="with --models: comma-separated imported models "
                     "(resnet18, mobilenet_v2, encoder); 'none' skips them")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.realtime:
         timing.request()
-    if args.models and args.targets:
-        # Whole networks on a simulated accelerator (VTA): quantized, partitioned, simulated.
-        from .vta_models import main as vta_main
-
-        return vta_main(args.targets.split(","), args.json)
     if args.models:
-        from .models import main as models_main
-
-        if not args.quick and args.only != "none":
-            from . import imported
-
-            json_path = args.json and args.json.replace(".json", "") + ".imported.json"
-            imported.main(args.only.split(",") if args.only else None,
-                          tuple(args.frontends.split(",")), args.profile, json_path)
-            if args.only:
-                return 0
-        return models_main(args.quick, args.json)
+        return run_models(args)
     if bool(args.tune) != args.vs_metaschedule:
         ap.error("--tune N and --vs-metaschedule go together (the trial budget of each tuner)")
     if args.vs_metaschedule and args.report:
@@ -204,14 +195,44 @@ def main(argv=None) -> int:
               else "\n", file=sys.stderr, flush=True)
 
     if args.model_check:
-        checked = model_check.run(tgts, ops_filter, args.quick, args.samples, progress,
-                                  args.rounds, args.trials or 0)
-        progress("")
-        model_check.print_rows(checked)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(checked, f, indent=1, default=str)
-        return 0
+        return run_model_check(args, tgts, ops_filter, progress)
+    return run_rows(args, tgts, ops_filter, progress, started)
+
+
+def run_models(args) -> int:
+    """--models: whole networks through tsl.relax (with --targets: on a simulated accelerator)."""
+    if args.targets:
+        # Whole networks on a simulated accelerator (VTA): quantized, partitioned, simulated.
+        from .vta_models import main as vta_main
+
+        return vta_main(args.targets.split(","), args.json)
+    from .models import main as models_main
+
+    if not args.quick and args.only != "none":
+        from . import imported
+
+        json_path = args.json and args.json.replace(".json", "") + ".imported.json"
+        imported.main(args.only.split(",") if args.only else None,
+                      tuple(args.frontends.split(",")), args.profile, json_path)
+        if args.only:
+            return 0
+    return models_main(args.quick, args.json)
+
+
+def run_model_check(args, tgts, ops_filter, progress) -> int:
+    """--model-check: the cost model's rank correlation with measurement."""
+    checked = model_check.run(tgts, ops_filter, args.quick, args.samples, progress,
+                              args.rounds, args.trials or 0)
+    progress("")
+    model_check.print_rows(checked)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(checked, f, indent=1, default=str)
+    return 0
+
+
+def run_rows(args, tgts, ops_filter, progress, started: float) -> int:
+    """The bench's rows (or the --vs-metaschedule ones): printed, written, self-checked."""
     rows = []
     for t in tgts if not args.vs_metaschedule else ():
         try:
