@@ -689,28 +689,10 @@ def program_of(s: Schedule) -> Program | None:
 
 
 # -- the estimate -------------------------------------------------------------------------------
-def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None,
-             notes: list[str] = (), program: Program | None = None,
-             tiles: bool = False) -> Estimate:
-    """The model's `Estimate` of recorded schedule `s` (kind "model"). A back end passes the
-    transfers its program makes beyond the staged tiles (`extra`) and its own `detail`.
-    `program`: price this `Program` instead (default: the one the machine's back end
-    registered for `s`, if any; `tiles=True`: the schedule's staged tiles regardless)."""
-    m = s.machine
-    clock = m.clock_hz
-    if program is None and not tiles:
-        program = program_of(s)
-    if program is None:
-        parts, padded, cnotes = compute_parts(s)
-        comp = sum(parts.values())
-        ts = transfers(s) + list(extra)
-        launches = launch_cycles(s)
-    else:
-        parts = None
-        comp, padded, cnotes = program.compute_cycles, program.padded_macs, list(program.notes)
-        ts = list(program.transfers) + list(extra)
-        launches = program.serial_cycles
-        detail = {**program.detail, **(detail or {})}
+def _paths(ts: list[Transfer]):
+    """Per parent level, what `evaluate` overlaps with compute: (bytes into each level, cycles
+    of the overlapped path, the least share of it hidden, serial cycles of the transfers not
+    overlapped, the prologue's fill cycles, cycles charged to each level for the report)."""
     traffic: dict[str, int] = {}
     path: dict[str, float] = {}  # parent level -> cycles of the transfers out of / into it
     shared: dict[str, float] = {}
@@ -733,6 +715,32 @@ def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None
         if t.hidden == 0:
             level_cycles[t.parent] = (level_cycles.get(t.parent, 0.0)
                                       + max(t.cycles(), t.shared_cycles()))
+    return traffic, overlap, hidden, serial, prologue, level_cycles
+
+
+def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None,
+             notes: list[str] = (), program: Program | None = None,
+             tiles: bool = False) -> Estimate:
+    """The model's `Estimate` of recorded schedule `s` (kind "model"). A back end passes the
+    transfers its program makes beyond the staged tiles (`extra`) and its own `detail`.
+    `program`: price this `Program` instead (default: the one the machine's back end
+    registered for `s`, if any; `tiles=True`: the schedule's staged tiles regardless)."""
+    m = s.machine
+    clock = m.clock_hz
+    if program is None and not tiles:
+        program = program_of(s)
+    if program is None:
+        parts, padded, cnotes = compute_parts(s)
+        comp = sum(parts.values())
+        ts = transfers(s) + list(extra)
+        launches = launch_cycles(s)
+    else:
+        parts = None
+        comp, padded, cnotes = program.compute_cycles, program.padded_macs, list(program.notes)
+        ts = list(program.transfers) + list(extra)
+        launches = program.serial_cycles
+        detail = {**program.detail, **(detail or {})}
+    traffic, overlap, hidden, serial, prologue, level_cycles = _paths(ts)
     pipelined = bool(overlap) or (program is not None and program.pipelined)
     # A back end's program brings its own pipeline (compute, transfers, serial cycles);
     # the schedule's staged tiles are played tile by tile where every tile is managed.
