@@ -135,6 +135,9 @@ def test_show_cli():
     out = subprocess.run([sys.executable, "-m", "tsl.tam", "show", "x86-avx512"],
                          capture_output=True, text=True, check=True).stdout
     assert "vnni_1x16x4" in out and "accumulator" in out
+    out = subprocess.run([sys.executable, "-m", "tsl.tam", "show", "tpu-v5e"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "sources:" in out and "K3: grid_step_cycles is CALIBRATED" in out
     err = subprocess.run([sys.executable, "-m", "tsl.tam", "show", "nope"],
                          capture_output=True, text=True)
     assert err.returncode == 2 and "unknown machine" in err.stderr

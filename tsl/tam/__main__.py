@@ -43,6 +43,8 @@ def render(m: Machine) -> str:
         out.append("  peaks: " + ", ".join(f"{k} {v / 1e12:g} TOP/s" for k, v in m.peaks.items()))
     if m.params.changed():
         out.append("  params: " + ", ".join(f"{k}={v}" for k, v in m.params.changed().items()))
+    if m.sources:
+        out += ["  sources:"] + [f"    {k}: {v}" for k, v in m.sources.items()]
     return "\n".join(out)
 
 
