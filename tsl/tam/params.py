@@ -31,9 +31,6 @@ class Params:
     pipeline_stages: int = 2
     split_k: tuple[int, ...] = ()
 
-    def asdict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
     def changed(self) -> dict:
         """The fields that differ from their defaults (what a machine file must write)."""
         out = {}
