@@ -25,7 +25,7 @@ def cpu_machines() -> list[str]:
     if os.environ.get(host.ENV):
         return names
     runnable = host.runnable()
-    baseline = min(runnable, key=lambda m: len(m.params.get("require", [])))
+    baseline = min(runnable, key=lambda m: len(m.params.require))
     return names + ([baseline.name] if baseline.name != chosen.name else [])
 
 

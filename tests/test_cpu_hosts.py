@@ -35,7 +35,7 @@ def test_detect_picks_a_runnable_machine_with_the_hosts_cores():
 
 
 def test_tsl_cpu_forces_a_machine_and_refuses_one_the_host_cannot_run(monkeypatch):
-    base = min(host.runnable(), key=lambda m: len(m.params.get("require", [])))
+    base = min(host.runnable(), key=lambda m: len(m.params.require))
     monkeypatch.setenv("TSL_CPU", base.name)
     assert detect().name == base.name
     assert tsl.build(ops.matmul(8, 8, 8), "cpu").machine.name == base.name
@@ -54,7 +54,7 @@ def test_a_machine_this_host_cannot_run_is_refused_and_names_one_that_works(name
 @pytest.mark.parametrize("name", [n for n in cross_cpu_machines()])
 def test_cross_compiled_machines_emit_their_instructions(name):
     m = tsl.load_machine(name)
-    arch = m.params["arch"]
+    arch = m.params.arch
     for dtype in ("float32", "int8"):
         art = tsl.build(ops.matmul(37, 50, 64, dtype=dtype), name, cross=True)
         asm = art.source("asm")
@@ -76,7 +76,7 @@ def test_the_default_suite_cross_compiles_for_aarch64():
         assert asm.count(want) >= 4, f"{op}: {want} missing"
 
 
-AARCH64 = [m.name for m in host.cpu_machines() if m.params.get("arch") == "aarch64"]
+AARCH64 = [m.name for m in host.cpu_machines() if m.params.arch == "aarch64"]
 
 
 def _emulatable(name):
@@ -149,7 +149,7 @@ def test_qemu_traps_an_instruction_the_cpu_model_lacks(name, cpu, dtype):
         pytest.skip("this host runs AArch64 natively")
     _emulatable(name)
     m = tsl.load_machine(name)
-    plain = dataclasses.replace(m, params={**m.params, "qemu_cpu": cpu})
+    plain = dataclasses.replace(m, params=dataclasses.replace(m.params, qemu_cpu=cpu))
     art = tsl.build(ops.matmul(16, 16, 16, dtype=dtype), plain, cross=True).emulate()
     with pytest.raises(tsl.LoweringError, match="Illegal instruction"):
         art.verify()

@@ -128,14 +128,14 @@ def test_zen3_runs_madd_at_1_52x_its_fma_rate_and_zen1_at_1x():
 
 def test_a_bad_uarch_table_is_a_typed_error():
     m = tsl.load_machine("x86-avx2")
-    uarch = dict(m.params["uarch"])
+    uarch = dict(m.params.uarch)
     uarch["znver9"] = {"family": 0x1a, "models": [[0, 255]], "macs_per_cycle": {"nope": 1.0}}
-    bad = dataclasses.replace(m, params={**m.params, "uarch": uarch})
+    bad = dataclasses.replace(m, params=dataclasses.replace(m.params, uarch=uarch))
     with pytest.raises(TAMError, match=r"uarch\.znver9.*names no primitive.*nope"):
         rates.for_uarch(bad, amd(0x1a, 1))
     uarch["znver9"] = {"family": 0x1a, "models": [[0, 255]], "speed": 2}
     with pytest.raises(TAMError, match=r"uarch\.znver9.*macs_per_cycle required"):
-        rates.for_uarch(dataclasses.replace(m, params={**m.params, "uarch": uarch}),
+        rates.for_uarch(dataclasses.replace(m, params=dataclasses.replace(m.params, uarch=uarch)),
                         amd(0x1a, 1))
 
 
@@ -158,7 +158,7 @@ def test_the_real_probe_measures_this_host(cache):
 
 def test_no_bench_row_prints_more_than_100_percent_of_peak(cache, monkeypatch):
     from tsl.backends.cpu import runtime
-    from tsl.bench.__main__ import fmt
+    from tsl.bench.report import fmt
 
     monkeypatch.setattr(runtime, "SETTLE_SECONDS", 0.0)
     m = detect()  # probed: this host's peaks

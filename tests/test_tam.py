@@ -1,5 +1,6 @@
 """Loading machine files: every built-in one, and every error path of the loader."""
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -8,6 +9,7 @@ import pytest
 
 import tsl
 from tsl.errors import TAMError
+from tsl.tam import writer
 
 GOOD = """
 [machine]
@@ -133,6 +135,98 @@ def test_show_cli():
     out = subprocess.run([sys.executable, "-m", "tsl.tam", "show", "x86-avx512"],
                          capture_output=True, text=True, check=True).stdout
     assert "vnni_1x16x4" in out and "accumulator" in out
+    out = subprocess.run([sys.executable, "-m", "tsl.tam", "show", "tpu-v5e"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "sources:" in out and "K3: grid_step_cycles is CALIBRATED" in out
     err = subprocess.run([sys.executable, "-m", "tsl.tam", "show", "nope"],
                          capture_output=True, text=True)
     assert err.returncode == 2 and "unknown machine" in err.stderr
+
+
+def test_params_are_typed_per_back_end():
+    m = tsl.load_machine("tensorcore-sm80")
+    assert type(m.params).__name__ == "TensorCoreParams"
+    assert m.params.smem_bytes_per_sm == 167936 and m.params.split_k == (1, 2, 4, 8)
+    assert tsl.load_machine("x86-avx2").params.require == ("avx2", "fma")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.params.arch = "sm_90"
+
+
+@pytest.mark.parametrize("params, where", [
+    ('[params]\nmtripel = "x86_64-linux-gnu"\n', "[params] key 'mtripel': unknown key"),
+    ('[params]\nrequire = "avx2"\n', "[params] key 'require': expected a list"),
+    ('[params]\npipeline_stages = "two"\n', "[params] key 'pipeline_stages': expected int"),
+])
+def test_params_errors_name_file_key_and_valid_keys(tmp_path, params, where):
+    with pytest.raises(TAMError) as e:
+        tsl.load_machine(write(tmp_path, GOOD + params))
+    assert "toy.toml" in str(e.value) and where in str(e.value)
+    if "unknown" in where:
+        assert "valid keys are" in str(e.value) and "'mtriple'" in str(e.value)
+
+
+def test_missing_required_params_are_listed(tmp_path):
+    text = GOOD.replace('backend = "cpu"', 'backend = "tpu"') + "[params]\ngeneration = 4\n"
+    with pytest.raises(TAMError, match=r"toy.toml: \[params\] key\(s\) \['mxu_count'"):
+        tsl.load_machine(write(tmp_path, text))
+
+
+def test_unknown_back_end_is_named(tmp_path):
+    with pytest.raises(TAMError, match="key 'backend': no back end named 'abacus'"):
+        tsl.load_machine(write(tmp_path, GOOD.replace('backend = "cpu"', 'backend = "abacus"')))
+
+
+@pytest.mark.parametrize("name", tsl.machines())
+def test_writer_round_trips_every_builtin_machine(tmp_path, name):
+    m = tsl.load_machine(name)
+    back = tsl.load_machine(write(tmp_path, writer.dumps(m), f"{name}.toml"))
+    assert dataclasses.replace(back, source=m.source) == m
+
+
+CHILD = """
+[machine]
+name = "toy-big"
+extends = "toy.toml"
+clock_hz = 2e9
+
+[sources]
+clock = "a made-up figure"
+
+[[memory]]
+name = "spad"
+capacity = "128 KiB"
+
+[[primitive]]
+replaces = "mm"
+name = "mm4"
+k = 4
+"""
+
+
+def test_extends_merges_tables_and_entries_by_name(tmp_path):
+    write(tmp_path, GOOD)
+    m = tsl.load_machine(write(tmp_path, CHILD, "big.toml"))
+    base = tsl.load_machine(tmp_path / "toy.toml")
+    assert (m.name, m.backend, m.clock_hz) == ("toy-big", "cpu", 2e9)
+    assert m.memory_level("spad").capacity == 128 << 10
+    assert [lv.name for lv in m.memory] == [lv.name for lv in base.memory]
+    assert [p.name for p in m.primitives] == ["mm4"] and m.primitives[0].shape == (1, 16, 4)
+    assert m.sources == {"clock": "a made-up figure"}
+
+
+def test_extends_errors_name_the_key(tmp_path):
+    write(tmp_path, GOOD)
+    with pytest.raises(TAMError, match=r"big.toml: \[\[primitive\]\] 'mm4' key 'replaces'"):
+        tsl.load_machine(write(tmp_path, CHILD.replace('replaces = "mm"', 'replaces = "mx"'),
+                               "big.toml"))
+    write(tmp_path, GOOD.replace('name = "toy"', 'name = "toy"\nextends = "big.toml"'))
+    with pytest.raises(TAMError, match="a cycle"):
+        tsl.load_machine(write(tmp_path, CHILD, "big.toml"))
+
+
+def test_aarch64_files_hold_only_what_differs():
+    for name in ("aarch64-neon-dotprod", "aarch64-neon-i8mm"):
+        m = tsl.load_machine(name)
+        text = open(m.source).read()
+        assert 'extends = "aarch64-neon"' in text and text.count("\n") < 60
+        assert m.memory == tsl.load_machine("aarch64-neon").memory and m.sources

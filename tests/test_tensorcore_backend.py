@@ -72,7 +72,7 @@ def built(name: str, machine: str = "tensorcore-sm90"):
     if name in SUITE:
         # Whole reductions: split in parts (sm_80 lists splits), these small GEMMs would have
         # one k-step per block, nothing to pipeline (test_split_reduction_* builds splits).
-        whole = {"split_k": 1} if "split_k" in tsl.load_machine(machine).params else {}
+        whole = {"split_k": 1} if tsl.load_machine(machine).params.split_k else {}
         return tsl.build(SUITE[name](), target=machine, knobs={**WARPS_2X2, **whole})
     # Two stages: these small layers have one reduction step, where the model rightly
     # prefers no pipeline; the tests are about the cp.async copies of a pipelined one.
@@ -92,8 +92,8 @@ def test_tam_files(name, sms, smem, peak):
         # sm_80's int8 primitive is mma.sync's 32-deep one (two m16n8k32 per 16x16x32)
         deep = 32 if dt == "int8" and name == "tensorcore-sm80" else 16
         assert p.shape == (16, 16, deep) and p.acc_dtype == acc
-    assert m.params["cp_async"] and m.params["mma_shapes"]["tf32"] == "m16n8k8"
-    assert bool(m.params.get("mma_sync")) == (name == "tensorcore-sm80")
+    assert m.params.cp_async and m.params.mma_shapes["tf32"] == "m16n8k8"
+    assert m.params.mma_sync == (name == "tensorcore-sm80")
 
 
 @pytest.mark.parametrize("name", SUITE)
@@ -138,7 +138,7 @@ def test_ptx_and_resources(name, arch):
         assert ins["wmma.mma"] > 0 and ins["wmma.load"] > 0
     assert ins["cp.async"] > 0
     res = art.resources(arch)
-    assert 0 < res["registers"] <= art.machine.params["max_registers_per_thread"]
+    assert 0 < res["registers"] <= art.machine.params.max_registers_per_thread
     assert res["static_shared_bytes"] == art.kernel.static_shared_bytes    # ptxas == TIR
     assert res["shared_bytes"] <= art.machine.levels("scratchpad")[0].capacity
     ok, summary = art.check(arch)

@@ -62,9 +62,9 @@ def known(emitter: str = "stablehlo"):
 @pytest.mark.parametrize("name", ["tpu-v4", "tpu-v5e"])
 def test_machine_files(name):
     m = tsl.load_machine(name)
-    assert m.backend == "tpu" and m.params["mxu_shape"] == [128, 128]
-    assert m.params["tiling"] == [8, 128] and m.params["native_tile"]["int8"] == [32, 128]
-    assert m.params["uncertain"], "each file lists its uncertain figures"
+    assert m.backend == "tpu" and m.params.mxu_shape == (128, 128)
+    assert m.params.tiling == (8, 128) and m.params.native_tile["int8"] == (32, 128)
+    assert m.params.uncertain, "each file lists its uncertain figures"
     for p in m.primitives:
         assert (p.m, p.n, p.k) == (128, 128, 128)
         peak = 2 * p.macs_per_cycle * m.cores() * m.clock_hz
@@ -72,7 +72,7 @@ def test_machine_files(name):
     assert {(p.a_dtype, p.acc_dtype) for p in m.primitives} == {("bfloat16", "float32"),
                                                                 ("int8", "int32")}
     vmem = sum(lv.capacity for lv in m.memory if lv.role != "global")
-    assert vmem <= m.params["vmem_scoped_bytes"] <= m.params["vmem_physical_bytes"]
+    assert vmem <= m.params.vmem_scoped_bytes <= m.params.vmem_physical_bytes
 
 
 def test_target_resolves_to_this_backend():
@@ -169,7 +169,7 @@ def test_vmem_overflow_is_a_schedule_error():
     # The back end's own check counts the double-buffered output block too: 6 MiB of A and B
     # tiles and 2 MiB of accumulator fit the TAM's levels, not with 4 MiB of output block.
     m = tsl.load_machine("tpu-v5e")
-    small = dataclasses.replace(m, params=dict(m.params, vmem_scoped_bytes=8 << 20))
+    small = dataclasses.replace(m, params=dataclasses.replace(m.params, vmem_scoped_bytes=8 << 20))
     knobs = {"m_inner": 8, "n_inner": 4, "k_inner": 8, "stages": 2, "m_outer": 1,
              "n_outer": 1, "outer": "m"}
     with pytest.raises(tsl.ScheduleError, match="VMEM.*bytes over"):
@@ -236,7 +236,7 @@ def test_kernel_blocks_are_the_schedule_tiles():
     assert "tpu.matmul" in text
     hlo = art.hlo()
     assert "stablehlo.custom_call @tpu_custom_call" in hlo
-    assert str(s.machine.params["vmem_scoped_bytes"]) in hlo  # vmem_limit_bytes
+    assert str(s.machine.params.vmem_scoped_bytes) in hlo  # vmem_limit_bytes
 
 
 @needs_jax

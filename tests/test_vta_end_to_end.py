@@ -202,7 +202,7 @@ def test_uop_kernels_load_once_per_fill_of_the_uop_buffer():
     refuses."""
     op = tsl.ops.conv2d(1, 24, 9, 9, 40, 3, 3, padding=1, dtype="int8", epilogue=EP)
     m = tsl.load_machine("vta-1x16x16")
-    small = dataclasses.replace(m, params={**m.params, "log_uop_buff_size": 6})
+    small = dataclasses.replace(m, params=dataclasses.replace(m.params, log_uop_buff_size=6))
     s = tsl.schedule(op, small, knobs={"parallel_axes": "co", "h_inner": 2, "w_inner": 9,
                                        "ci_inner": 1, "co_inner": 1, "co_outer": 1,
                                        "reduce_rows": True, "stages": 2})

@@ -131,6 +131,12 @@ class Artifact:
         return {"user_samples": ts, "user_seconds": float(np.median(ts)),
                 "weight_prep_seconds": f.prep_seconds, "bound_inputs": names}
 
+    def runs_own_way(self) -> bool:
+        """True when this artifact's class prepares or runs its inputs its own way (overrides
+        `prepare` or `run`): `bind` then has nothing to pad or pack once."""
+        cls = type(self)
+        return cls.prepare is not Artifact.prepare or cls.run is not Artifact.run
+
     def bind(self, **constants) -> "Bound":
         """Constant operands (weights, bias: by tensor name or role) padded and packed once;
         returns `f` with `f(*the other inputs, in order)` = `run(...)` of them all. The

@@ -15,6 +15,7 @@ from importlib.metadata import entry_points
 
 from .errors import BackendUnavailable, OptionError
 from .tam import Machine, builtin_names, load
+from .tam import params as machine_params
 
 BUILTIN = {"cpu": "tsl.backends.cpu:backend", "vta": "tsl.backends.vta:backend",
            "tpu": "tsl.backends.tpu:backend",
@@ -48,6 +49,8 @@ class Backend(ABC):
     """What a back end provides, and all that `tsl.build`, `tsl.tune` and `tsl.bench` use:
 
     - `Options`: its build options, a frozen `Options` dataclass (`options(**kw)` checks them);
+    - `Params`: the typed [params] of its machine files (`tsl.tam.params.Params`, declared in
+      the back end's `machine.py`), checked when a machine file is loaded;
     - `build(schedule, **options)` -> an `Artifact` (whose `estimate()` is a
       `tsl.model.Estimate`), through the back end's `_build(schedule, options)`;
     - `unavailable(machine, options)` -> why it cannot build here, or None;
@@ -65,6 +68,7 @@ class Backend(ABC):
     name: str = ""
     default_machine: str = ""
     Options: type[Options] = Options
+    Params: type[machine_params.Params] = machine_params.Params
     # Programs `python -m tsl.bench` searches per operator by default (`--trials` overrides):
     # worth it where `measure` is cheap and exact, as a simulator's cycle count is.
     bench_trials: int = 0
@@ -166,3 +170,13 @@ def resolve_target(target: str | Machine) -> tuple[Backend, Machine]:
 def targets() -> list[str]:
     """Every built-in machine name (each is a valid `target=`)."""
     return builtin_names()
+
+
+def _params_of(name: str) -> type[machine_params.Params] | None:
+    refs = registry()
+    return _load_ref(refs[name]).Params if name in refs else None
+
+
+# The TAM loader checks a machine file's [params] against its back end's class; it names no
+# back end itself, so the registry tells it.
+machine_params.set_finder(_params_of)

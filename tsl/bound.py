@@ -30,10 +30,7 @@ class Bound:
         # An artifact that prepares or runs its inputs its own way (Hopper's TMA kernels take
         # them unpadded, the TPU kernel runs under JAX) gets the checked constants back
         # through its own `run` on every call: correct, with nothing to save.
-        from .artifact import Artifact
-
-        self.own_way = type(art).prepare is not Artifact.prepare or type(art).run is not \
-            Artifact.run
+        self.own_way = art.runs_own_way()
         self.constants = dict(zip(idx, checked))
         self.padded = {} if self.own_way else {i: art._pad(i, x)
                                                for i, x in self.constants.items()}

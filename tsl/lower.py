@@ -143,49 +143,8 @@ def lower(schedule: Schedule, lowering: Lowering) -> LowerContext:
 
 
 def _replay(s: Schedule, hooks: Lowering, ctx: LowerContext) -> None:
-    sch = ctx.sch
-    blk = ctx.block
-    # Phase 1: loop structure. `current` maps each operator axis to its original loop, `by_loop`
-    # each TSL loop made by a step to its s_tir loop.
-    current = {ax.name: rv for ax, rv in zip(s.op.axes, sch.get_loops(blk))}
-    by_loop = {}
-    for step in s.steps:
-        if step.primitive == "tile":
-            new = sch.split(_rv(by_loop, current, step.args[0]),
-                            factors=[lp.extent for lp in step.result])
-            by_loop.update((id(lp), r) for lp, r in zip(step.result, new))
-        elif step.primitive == "reorder":
-            sch.reorder(*[_rv(by_loop, current, lp) for lp in step.args])
-        elif step.primitive == "fuse":
-            by_loop[id(step.result[0])] = sch.fuse(*[_rv(by_loop, current, lp)
-                                                     for lp in step.args])
-        elif step.primitive == "split_reduction":
-            _split_reduction(sch, hooks, ctx, _rv(by_loop, current, step.args[0]),
-                             (by_loop, current))
-        elif step.primitive == "parallel" and step.result and isinstance(step.result[0], Loop):
-            rvs = [_rv(by_loop, current, lp) for lp in step.args[0]]
-            by_loop[id(step.result[0])] = sch.fuse(*rvs) if len(rvs) > 1 else rvs[0]
-    ctx.loops.update(by_loop)  # loops since fused stay reachable for the hooks
-    blk = ctx.block  # the partial sums' block after split_reduction
-    for lp in s.loops:
-        ctx.loops[id(lp)] = _rv(by_loop, current, lp)
-    # Phase 2: packing. Block C's read of the operand is transformed: for a function argument
-    # that changes the signature (the artifact packs the array), for a stage such as A_pad the
-    # stage itself writes the packed layout inside the kernel.
-    for operand, layout in s.packed.items():
-        lay = hooks.layout(ctx, operand, layout)
-        if lay is not None and not lay.is_identity():
-            idx = ctx.input_index(operand)
-            pos = hooks._read_index(ctx, idx)
-            if operand == "A" and sch.get(blk).reads[pos].source.name == ctx.op.inputs[idx].name:
-                # Activations are packed by a stage inside the kernel, so that the time of
-                # packing is counted; weights (B) are packed once, by the artifact.
-                ctx.blocks["A_pack"] = sch.cache_read(blk, pos, "global")
-                pos = hooks._read_index(ctx, idx)
-            buf = sch.get(blk).reads[pos].source.name
-            sch.transform_layout(blk, ("read", pos), lay.index_map)
-            if buf == ctx.op.inputs[idx].name:
-                ctx.layouts[idx] = lay
+    _replay_loops(s, hooks, ctx)
+    _replay_packing(s, hooks, ctx)
     # Phase 3: staging (accumulator first: it brackets the reduction).
     for st in sorted(s.stages, key=lambda st: st.operand != "C"):
         hooks.cache(ctx, st)
@@ -205,6 +164,58 @@ def _replay(s: Schedule, hooks: Lowering, ctx: LowerContext) -> None:
         if lp.tensorized is not None:
             hooks.tensorize(ctx, lp, lp.tensorized)
     hooks.finalize(ctx)
+
+
+def _replay_loops(s: Schedule, hooks: Lowering, ctx: LowerContext) -> None:
+    """Phase 1: loop structure (tile, reorder, fuse, split_reduction, parallel fuses)."""
+    sch = ctx.sch
+    blk = ctx.block
+    # `current` maps each operator axis to its original loop, `by_loop` each TSL loop made by a
+    # step to its s_tir loop.
+    current = {ax.name: rv for ax, rv in zip(s.op.axes, sch.get_loops(blk))}
+    by_loop = {}
+    for step in s.steps:
+        if step.primitive == "tile":
+            new = sch.split(_rv(by_loop, current, step.args[0]),
+                            factors=[lp.extent for lp in step.result])
+            by_loop.update((id(lp), r) for lp, r in zip(step.result, new))
+        elif step.primitive == "reorder":
+            sch.reorder(*[_rv(by_loop, current, lp) for lp in step.args])
+        elif step.primitive == "fuse":
+            by_loop[id(step.result[0])] = sch.fuse(*[_rv(by_loop, current, lp)
+                                                     for lp in step.args])
+        elif step.primitive == "split_reduction":
+            _split_reduction(sch, hooks, ctx, _rv(by_loop, current, step.args[0]),
+                             (by_loop, current))
+        elif step.primitive == "parallel" and step.result and isinstance(step.result[0], Loop):
+            rvs = [_rv(by_loop, current, lp) for lp in step.args[0]]
+            by_loop[id(step.result[0])] = sch.fuse(*rvs) if len(rvs) > 1 else rvs[0]
+    ctx.loops.update(by_loop)  # loops since fused stay reachable for the hooks
+    for lp in s.loops:
+        ctx.loops[id(lp)] = _rv(by_loop, current, lp)
+
+
+def _replay_packing(s: Schedule, hooks: Lowering, ctx: LowerContext) -> None:
+    """Phase 2: packing (an operand read in the layout its `pack` step gave)."""
+    sch = ctx.sch
+    blk = ctx.block  # the partial sums' block after split_reduction
+    # Block C's read of the operand is transformed: for a function argument that changes the
+    # signature (the artifact packs the array), for a stage such as A_pad the stage itself
+    # writes the packed layout inside the kernel.
+    for operand, layout in s.packed.items():
+        lay = hooks.layout(ctx, operand, layout)
+        if lay is not None and not lay.is_identity():
+            idx = ctx.input_index(operand)
+            pos = hooks._read_index(ctx, idx)
+            if operand == "A" and sch.get(blk).reads[pos].source.name == ctx.op.inputs[idx].name:
+                # Activations are packed by a stage inside the kernel, so that the time of
+                # packing is counted; weights (B) are packed once, by the artifact.
+                ctx.blocks["A_pack"] = sch.cache_read(blk, pos, "global")
+                pos = hooks._read_index(ctx, idx)
+            buf = sch.get(blk).reads[pos].source.name
+            sch.transform_layout(blk, ("read", pos), lay.index_map)
+            if buf == ctx.op.inputs[idx].name:
+                ctx.layouts[idx] = lay
 
 
 def _split_reduction(sch, hooks: Lowering, ctx: LowerContext, rv, tables) -> None:

@@ -33,11 +33,8 @@ from ..build import record
 from .. import timing
 from ..errors import BackendUnavailable, TSLError
 from . import alone, model_check, search
+from .report import print_table
 from .rows import roofline_fields
-
-COLUMNS = ("op", "shape", "dtype", "target", "verified", "time", "rate", "peak%", "baseline",
-           "speedup", "notes")
-
 
 def run_target(target: str, ops_filter, quick: bool, progress,
                trials: int | None = None) -> list[dict]:
@@ -95,55 +92,6 @@ def _benchmark(art, backend, machine) -> dict:
     return row
 
 
-def fmt(row: dict) -> list[str]:
-    if "skipped" in row:
-        return [row["op"], "-", "-", row["target"], "skipped", "", "", "", "", "", row["skipped"]]
-    if "failed" in row:
-        return [row["op"], row["shape"], row["dtype"], row["target"], "FAILED", "", "", "", "",
-                "", row["failed"][:160]]
-    if "cycles" in row:
-        t = f"{row['cycles']:,} cyc"
-    elif row.get("estimated"):
-        t = f"~{row['seconds'] * 1e3:.3f} ms (est.)"
-    else:
-        t = f"{row['seconds'] * 1e3:.3f} ms"
-    sp = row.get("speedup")
-    verified = {True: "yes", False: "NO", None: "n/a"}[row["verified"]]
-    notes = row.get("checks") or row.get("notes") or ""
-    if "kernel_seconds" in row:
-        notes = "; ".join(x for x in [f"kernel only {row['kernel_seconds'] * 1e3:.3f} ms, weight "
-                                      f"prep, once: {row['weight_prep_seconds'] * 1e3:.2f} ms "
-                                      f"({'+'.join(row['bound_inputs']) or 'nothing bound'})", notes]
-                          if x)
-    others = [f"{r['ratio']:.2f}x {name}" for name, r in row.get("peers", {}).items()
-              if name != row.get("baseline")]
-    if others or row.get("blas"):
-        notes = "; ".join(x for x in ["vs " + ", ".join(others) if others else "",
-                                      row.get("blas", ""), notes] if x)
-    if row["verified"] is None:
-        notes = f"{notes}; not run here: {row['unverified']}"
-    if row.get("peak_under_read"):
-        notes = (f"{row['peak_under_read'] - 1:.0%} above the {row['rates']} peak, which "
-                 f"under-read this host (peak% against the row's rate); {notes}")
-    return [row["op"], row["shape"], row["dtype"], row["target"], verified,
-            t, f"{row['rate'] / 1e9:.1f} GOP/s",
-            f"{row['pct_peak']:.1f}" + ("!" if row.get("peak_under_read") else ""),
-            row.get("baseline") or "-", f"{sp:.2f}x" if sp is not None else "-", notes[:200]]
-
-
-def print_table(rows: list[dict]) -> None:
-    print_cells(list(COLUMNS), [fmt(r) for r in rows])
-
-
-def print_cells(head: list[str], body: list[list[str]]) -> None:
-    cells = [head] + body
-    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
-    for n, c in enumerate(cells):
-        print("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
-
-
 def summary(rows: list[dict]) -> list[str]:
     """One line per target: rows verified, and the geometric mean of tsl's ratio to its peer."""
     out = []
@@ -168,7 +116,8 @@ def default_targets() -> list[str]:
     return ["cpu"] + [t for t in targets() if load(t).backend != "cpu"]
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m tsl.bench`."""
     ap = argparse.ArgumentParser(prog="python -m tsl.bench", description=__doc__.split("\n\n")[1])
     ap.add_argument("--targets", help="comma-separated machine or back-end names (default: "
                     f"cpu, i.e. this host's machine, and {', '.join(default_targets()[1:])})")
@@ -219,26 +168,16 @@ def main(argv=None) -> int:
     ap.add_argument("--frontends", default="torch,onnx", help="with --models: torch, onnx")
     ap.add_argument("--only", help="with --models: comma-separated imported models "
                     "(resnet18, mobilenet_v2, encoder); 'none' skips them")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.realtime:
         timing.request()
-    if args.models and args.targets:
-        # Whole networks on a simulated accelerator (VTA): quantized, partitioned, simulated.
-        from .vta_models import main as vta_main
-
-        return vta_main(args.targets.split(","), args.json)
     if args.models:
-        from .models import main as models_main
-
-        if not args.quick and args.only != "none":
-            from . import imported
-
-            json_path = args.json and args.json.replace(".json", "") + ".imported.json"
-            imported.main(args.only.split(",") if args.only else None,
-                          tuple(args.frontends.split(",")), args.profile, json_path)
-            if args.only:
-                return 0
-        return models_main(args.quick, args.json)
+        return run_models(args)
     if bool(args.tune) != args.vs_metaschedule:
         ap.error("--tune N and --vs-metaschedule go together (the trial budget of each tuner)")
     if args.vs_metaschedule and args.report:
@@ -256,14 +195,44 @@ def main(argv=None) -> int:
               else "\n", file=sys.stderr, flush=True)
 
     if args.model_check:
-        checked = model_check.run(tgts, ops_filter, args.quick, args.samples, progress,
-                                  args.rounds, args.trials or 0)
-        progress("")
-        model_check.print_rows(checked)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(checked, f, indent=1, default=str)
-        return 0
+        return run_model_check(args, tgts, ops_filter, progress)
+    return run_rows(args, tgts, ops_filter, progress, started)
+
+
+def run_models(args) -> int:
+    """--models: whole networks through tsl.relax (with --targets: on a simulated accelerator)."""
+    if args.targets:
+        # Whole networks on a simulated accelerator (VTA): quantized, partitioned, simulated.
+        from .vta_models import main as vta_main
+
+        return vta_main(args.targets.split(","), args.json)
+    from .models import main as models_main
+
+    if not args.quick and args.only != "none":
+        from . import imported
+
+        json_path = args.json and args.json.replace(".json", "") + ".imported.json"
+        imported.main(args.only.split(",") if args.only else None,
+                      tuple(args.frontends.split(",")), args.profile, json_path)
+        if args.only:
+            return 0
+    return models_main(args.quick, args.json)
+
+
+def run_model_check(args, tgts, ops_filter, progress) -> int:
+    """--model-check: the cost model's rank correlation with measurement."""
+    checked = model_check.run(tgts, ops_filter, args.quick, args.samples, progress,
+                              args.rounds, args.trials or 0)
+    progress("")
+    model_check.print_rows(checked)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(checked, f, indent=1, default=str)
+    return 0
+
+
+def run_rows(args, tgts, ops_filter, progress, started: float) -> int:
+    """The bench's rows (or the --vs-metaschedule ones): printed, written, self-checked."""
     rows = []
     for t in tgts if not args.vs_metaschedule else ():
         try:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
-from .report import Section, load, write_page
+from .report import Section, load, print_cells, write_page
 from .rows import noise, row_kind
 
 ORDER = ("regression", "broken", "slower", "faster", "same", "incomparable", "added", "removed")
@@ -176,8 +176,6 @@ def write(ms: list[Match], old_path, new_path, threshold: float, outdir) -> Path
 
 def main(old_path, new_path, threshold: float, report_dir=None) -> int:
     """The `--compare` command: print the table, write the page, 1 on a regression."""
-    from .__main__ import print_cells
-
     try:
         ms = compare(load(old_path)["rows"], load(new_path)["rows"], threshold,
                      (old_path, new_path))

@@ -221,8 +221,6 @@ def host_section(host: dict) -> Section:
 
 
 def row_cells(n: int, row: dict) -> list[str]:
-    from .__main__ import fmt
-
     cells = fmt(row)
     intensity = f"{row['intensity']:.3g} @{row['bound_level']}" if "intensity" in row else ""
     return [str(n)] + cells[:4] + [row.get("kind", ""), intensity, *cells[4:8],
@@ -232,8 +230,6 @@ def row_cells(n: int, row: dict) -> list[str]:
 def write_report(doc: dict, outdir) -> Path:
     """Write the report of a bench document ({"host", "rows"}) into `outdir`; return the HTML
     page's path."""
-    from .__main__ import COLUMNS
-
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     rows = doc["rows"]
@@ -253,3 +249,57 @@ def write_report(doc: dict, outdir) -> Path:
                 Section("Peers per target", images=peers_images(rows, outdir))]
     write_page("tsl bench report", sections, outdir)
     return outdir / "index.html"
+
+
+# -- the bench's text table (what `python -m tsl.bench` prints) -------------------------------
+COLUMNS = ("op", "shape", "dtype", "target", "verified", "time", "rate", "peak%", "baseline",
+           "speedup", "notes")
+
+
+def fmt(row: dict) -> list[str]:
+    if "skipped" in row:
+        return [row["op"], "-", "-", row["target"], "skipped", "", "", "", "", "", row["skipped"]]
+    if "failed" in row:
+        return [row["op"], row["shape"], row["dtype"], row["target"], "FAILED", "", "", "", "",
+                "", row["failed"][:160]]
+    if "cycles" in row:
+        t = f"{row['cycles']:,} cyc"
+    elif row.get("estimated"):
+        t = f"~{row['seconds'] * 1e3:.3f} ms (est.)"
+    else:
+        t = f"{row['seconds'] * 1e3:.3f} ms"
+    sp = row.get("speedup")
+    verified = {True: "yes", False: "NO", None: "n/a"}[row["verified"]]
+    notes = row.get("checks") or row.get("notes") or ""
+    if "kernel_seconds" in row:
+        notes = "; ".join(x for x in [f"kernel only {row['kernel_seconds'] * 1e3:.3f} ms, weight "
+                                      f"prep, once: {row['weight_prep_seconds'] * 1e3:.2f} ms "
+                                      f"({'+'.join(row['bound_inputs']) or 'nothing bound'})", notes]
+                          if x)
+    others = [f"{r['ratio']:.2f}x {name}" for name, r in row.get("peers", {}).items()
+              if name != row.get("baseline")]
+    if others or row.get("blas"):
+        notes = "; ".join(x for x in ["vs " + ", ".join(others) if others else "",
+                                      row.get("blas", ""), notes] if x)
+    if row["verified"] is None:
+        notes = f"{notes}; not run here: {row['unverified']}"
+    if row.get("peak_under_read"):
+        notes = (f"{row['peak_under_read'] - 1:.0%} above the {row['rates']} peak, which "
+                 f"under-read this host (peak% against the row's rate); {notes}")
+    return [row["op"], row["shape"], row["dtype"], row["target"], verified,
+            t, f"{row['rate'] / 1e9:.1f} GOP/s",
+            f"{row['pct_peak']:.1f}" + ("!" if row.get("peak_under_read") else ""),
+            row.get("baseline") or "-", f"{sp:.2f}x" if sp is not None else "-", notes[:200]]
+
+
+def print_table(rows: list[dict]) -> None:
+    print_cells(list(COLUMNS), [fmt(r) for r in rows])
+
+
+def print_cells(head: list[str], body: list[list[str]]) -> None:
+    cells = [head] + body
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    for n, c in enumerate(cells):
+        print("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))

@@ -593,6 +593,35 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
     serial = sum(max(t.cycles(), t.shared_cycles()) for t in outer if t.hidden == 0)
     V = virtual_threads(s, acc.at)
     depth = max((t.in_flight for t in inner), default=1)  # operand buffers per thread
+    N = V * n
+    group, pre, load = _tile_group(V, n, l, g, (R, E, S), hidden_out, depth)
+    load_path = inner[0].parent if inner else m.memory[0].name
+    busiest = max((("compute", V * (R + E) + N * g), (load_path, load), (acc.parent, V * S)),
+                  key=lambda kv: kv[1])
+    # The last tile's write-back is what is left after the compute: drained in pieces, each
+    # after its part of the epilogue, only the last piece's is (`drain_pieces`).
+    tail = _drain_piece(acc, drain_pieces(s, acc)).fill_cycles()
+    cycles = tiles / V * group + pre + tail + serial
+    # Compute starts once the first thread's first tiles are in: one fill of each (a tile
+    # kept across steps counts whole, not its share of a step), of which the steady state
+    # above prices one step's average. While the load engine has time to spare (it is not
+    # the bound), that wait adds to the run.
+    first = sum(t.fill_cycles() for t in inner + outer if t.hidden > 0)
+    cycles += max(0.0, min(first - pre, tiles / V * (group - load)))
+    # Engines that take nearly the same time stall each other now and then (each waits on
+    # the other's tokens): a share of the shorter side, growing with the balance.
+    work, feed = tiles / V * (V * (R + E) + N * g), tiles / V * load
+    if min(work, feed) > 0:
+        cycles += ENGINE_STALL * min(work, feed) ** 2 / max(work, feed)
+    return cycles, busiest[0]
+
+
+def _tile_group(V: int, n: float, l: float, g: float, res: tuple[float, float, float],
+                hidden_out: float, depth: int) -> tuple[float, float, float]:
+    """One round of `explicit_pipeline`'s V threads' accumulator tiles in the steady state:
+    (its cycles, the loads prefetched between two tiles' reduction steps, the cycles of the
+    loads). `res`: the reset, epilogue and write-back of one tile (R, E, S)."""
+    R, E, S = res
     # The reset of a thread's next tile waits for its write-back: the first thread's while
     # the others' epilogues run; each later one is issued after the thread before it has
     # reset and computed its first step.
@@ -613,25 +642,7 @@ def explicit_pipeline(s: Schedule, ts: list[Transfer], parts: dict) -> tuple[flo
         pre = min(l, gap)
         phase = n * max(V * g + l, V * l + g) + V * hidden_out - pre
     group = max(V * R + phase + V * E + stall, load, V * S, V * (R + E) + N * g)
-    load_path = inner[0].parent if inner else m.memory[0].name
-    busiest = max((("compute", V * (R + E) + N * g), (load_path, load), (acc.parent, V * S)),
-                  key=lambda kv: kv[1])
-    # The last tile's write-back is what is left after the compute: drained in pieces, each
-    # after its part of the epilogue, only the last piece's is (`drain_pieces`).
-    tail = _drain_piece(acc, drain_pieces(s, acc)).fill_cycles()
-    cycles = tiles / V * group + pre + tail + serial
-    # Compute starts once the first thread's first tiles are in: one fill of each (a tile
-    # kept across steps counts whole, not its share of a step), of which the steady state
-    # above prices one step's average. While the load engine has time to spare (it is not
-    # the bound), that wait adds to the run.
-    first = sum(t.fill_cycles() for t in inner + outer if t.hidden > 0)
-    cycles += max(0.0, min(first - pre, tiles / V * (group - load)))
-    # Engines that take nearly the same time stall each other now and then (each waits on
-    # the other's tokens): a share of the shorter side, growing with the balance.
-    work, feed = tiles / V * (V * (R + E) + N * g), tiles / V * load
-    if min(work, feed) > 0:
-        cycles += ENGINE_STALL * min(work, feed) ** 2 / max(work, feed)
-    return cycles, busiest[0]
+    return group, pre, load
 
 
 def _overlapped(comp, overlap, hidden, serial, prologue, level_cycles) -> tuple[float, str]:
@@ -689,28 +700,10 @@ def program_of(s: Schedule) -> Program | None:
 
 
 # -- the estimate -------------------------------------------------------------------------------
-def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None,
-             notes: list[str] = (), program: Program | None = None,
-             tiles: bool = False) -> Estimate:
-    """The model's `Estimate` of recorded schedule `s` (kind "model"). A back end passes the
-    transfers its program makes beyond the staged tiles (`extra`) and its own `detail`.
-    `program`: price this `Program` instead (default: the one the machine's back end
-    registered for `s`, if any; `tiles=True`: the schedule's staged tiles regardless)."""
-    m = s.machine
-    clock = m.clock_hz
-    if program is None and not tiles:
-        program = program_of(s)
-    if program is None:
-        parts, padded, cnotes = compute_parts(s)
-        comp = sum(parts.values())
-        ts = transfers(s) + list(extra)
-        launches = launch_cycles(s)
-    else:
-        parts = None
-        comp, padded, cnotes = program.compute_cycles, program.padded_macs, list(program.notes)
-        ts = list(program.transfers) + list(extra)
-        launches = program.serial_cycles
-        detail = {**program.detail, **(detail or {})}
+def _paths(ts: list[Transfer]):
+    """Per parent level, what `evaluate` overlaps with compute: (bytes into each level, cycles
+    of the overlapped path, the least share of it hidden, serial cycles of the transfers not
+    overlapped, the prologue's fill cycles, cycles charged to each level for the report)."""
     traffic: dict[str, int] = {}
     path: dict[str, float] = {}  # parent level -> cycles of the transfers out of / into it
     shared: dict[str, float] = {}
@@ -733,6 +726,32 @@ def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None
         if t.hidden == 0:
             level_cycles[t.parent] = (level_cycles.get(t.parent, 0.0)
                                       + max(t.cycles(), t.shared_cycles()))
+    return traffic, overlap, hidden, serial, prologue, level_cycles
+
+
+def evaluate(s: Schedule, extra: list[Transfer] = (), detail: dict | None = None,
+             notes: list[str] = (), program: Program | None = None,
+             tiles: bool = False) -> Estimate:
+    """The model's `Estimate` of recorded schedule `s` (kind "model"). A back end passes the
+    transfers its program makes beyond the staged tiles (`extra`) and its own `detail`.
+    `program`: price this `Program` instead (default: the one the machine's back end
+    registered for `s`, if any; `tiles=True`: the schedule's staged tiles regardless)."""
+    m = s.machine
+    clock = m.clock_hz
+    if program is None and not tiles:
+        program = program_of(s)
+    if program is None:
+        parts, padded, cnotes = compute_parts(s)
+        comp = sum(parts.values())
+        ts = transfers(s) + list(extra)
+        launches = launch_cycles(s)
+    else:
+        parts = None
+        comp, padded, cnotes = program.compute_cycles, program.padded_macs, list(program.notes)
+        ts = list(program.transfers) + list(extra)
+        launches = program.serial_cycles
+        detail = {**program.detail, **(detail or {})}
+    traffic, overlap, hidden, serial, prologue, level_cycles = _paths(ts)
     pipelined = bool(overlap) or (program is not None and program.pipelined)
     # A back end's program brings its own pipeline (compute, transfers, serial cycles);
     # the schedule's staged tiles are played tile by tile where every tile is managed.

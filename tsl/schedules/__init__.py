@@ -51,7 +51,7 @@ def _stage_choices(s: Schedule):
     copied there for a pipeline to overlap, the caches' prefetchers do it."""
     if not any(lv.managed for role in ("scratchpad", "operand") for lv in s.machine.levels(role)):
         return (1,)
-    deepest = int(s.machine.params.get("pipeline_stages", 2))
+    deepest = int(s.machine.params.pipeline_stages)
     return (2, *range(3, deepest + 1), 1)
 
 
@@ -93,9 +93,9 @@ def schedule_gemm(s: Schedule) -> None:
     # whole steps.
     steps = -(-K // kt)
     tiles = math.prod(a.extent for a in b) * -(-M // p.m) * -(-N // p.n)
-    split = s.knob("split_k", [c for c in s.machine.params["split_k"]
+    split = s.knob("split_k", [c for c in s.machine.params.split_k
                                if c == -(-steps // -(-steps // c))],
-                   refines=True) if ("split_k" in s.machine.params
+                   refines=True) if (s.machine.params.split_k
                                      and tiles < 16 * s.machine.cores()) else 1
     i0, i1, i2, i3 = s.tile(i, mr * m_outer, mr, p.m)
     j0, j1, j2, j3 = s.tile(j, nr * n_outer, nr, p.n)

@@ -41,8 +41,10 @@ def render(m: Machine) -> str:
         out += ["  notes:"] + [f"    {n}" for n in m.notes]
     if m.peaks:
         out.append("  peaks: " + ", ".join(f"{k} {v / 1e12:g} TOP/s" for k, v in m.peaks.items()))
-    if m.params:
-        out.append("  params: " + ", ".join(f"{k}={v}" for k, v in m.params.items()))
+    if m.params.changed():
+        out.append("  params: " + ", ".join(f"{k}={v}" for k, v in m.params.changed().items()))
+    if m.sources:
+        out += ["  sources:"] + [f"    {k}: {v}" for k, v in m.sources.items()]
     return "\n".join(out)
 
 

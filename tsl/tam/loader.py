@@ -2,8 +2,9 @@
 
 File format (every machine file in `machines/` is an example)::
 
-    [machine]        name, backend, clock_hz, description
-    [params]         back-end parameters (free-form; the back end checks them)
+    [machine]        name, backend, clock_hz, description, extends
+    [params]         back-end parameters: the fields of the back end's `Params` class
+    [sources]        what = where it comes from (and what the file does not model)
     [peaks]          dtype = operations per second
     [[compute]]      name, role, count, bind, virtual, launch_cycles
     [[memory]]       name, role, capacity, holds, parent, instances, per, bandwidth, alignment, managed
@@ -16,6 +17,11 @@ File format (every machine file in `machines/` is an example)::
 
 Capacities are integers of bytes or strings such as "32 KiB". A memory level's parent defaults
 to the level listed before it.
+
+`extends = "<machine>"` (a built-in name, or a path relative to the file) starts from that file:
+the tables' keys are merged (the extending file's win); an entry of an array of tables
+replaces the keys of the inherited entry of the same `name`, or of the one its `replaces =
+"<name>"` names (taking its place in the order); an entry of a new name is appended.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TAMError
+from .params import Params, params_class, parse
 from .machine import (COMPUTE_ROLES, DTYPES, MEMORY_ROLES, OPERANDS, PRIMITIVE_KINDS,
                       ComputeLevel, Machine, MemoryLevel, Mover, TensorPrimitive, VectorUnit)
 
@@ -57,11 +64,59 @@ def resolve(name_or_path: str | Path) -> Path:
 
 def load(name_or_path: str | Path) -> Machine:
     path = resolve(name_or_path)
+    return _Parser(path).machine(_read(path, ()))
+
+
+_ARRAYS = ("compute", "memory", "primitive", "mover", "vector")
+
+
+def _read(path: Path, seen: tuple[Path, ...]) -> dict:
+    """The TOML of `path` with what it `extends` merged in (module docstring)."""
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise TAMError(f"{path}: not valid TOML: {e}") from None
-    return _Parser(path).machine(data)
+    head = data.get("machine")
+    if not isinstance(head, dict) or "extends" not in head:
+        return data
+    base = head.pop("extends")
+    if not isinstance(base, str):
+        raise TAMError(f"{path.name}: [machine] key 'extends': expected a machine name, got "
+                       f"{base!r}")
+    rel = path.parent / base
+    parent = rel if rel.suffix == ".toml" and rel.is_file() else resolve(base)
+    if parent.resolve() in seen:
+        raise TAMError(f"{path.name}: [machine] key 'extends': {base!r} extends this file "
+                       f"again (a cycle)")
+    return _merge(_read(parent, (*seen, path.resolve())), data, path)
+
+
+def _merge(base: dict, over: dict, path: Path) -> dict:
+    out = dict(base)
+    for key, val in over.items():
+        if key in _ARRAYS and isinstance(val, list) and isinstance(base.get(key), list):
+            out[key] = _merge_array(base[key], val, key, path)
+        elif isinstance(val, dict) and isinstance(base.get(key), dict):
+            out[key] = _merge(base[key], val, path)
+        else:
+            out[key] = val
+    return out
+
+
+def _merge_array(base: list, over: list, table: str, path: Path) -> list:
+    out = [dict(e) for e in base]
+    for entry in over:
+        entry = dict(entry)
+        target = entry.pop("replaces", entry.get("name"))
+        at = [i for i, e in enumerate(out) if e.get("name") == target]
+        if at:
+            out[at[0]] = {**out[at[0]], **entry}
+        elif target != entry.get("name"):
+            raise TAMError(f"{path.name}: [[{table}]] {entry.get('name')!r} key 'replaces': "
+                           f"the machine it extends has no {table} named {target!r}")
+        else:
+            out.append(entry)
+    return out
 
 
 class _Parser:
@@ -92,7 +147,8 @@ class _Parser:
         return out
 
     def machine(self, data: dict) -> Machine:
-        known = {"machine", "params", "peaks", "compute", "memory", "primitive", "mover", "vector"}
+        known = {"machine", "params", "sources", "peaks", "compute", "memory", "primitive",
+                 "mover", "vector"}
         for key in data:
             if key not in known:
                 raise self.err(key, None, f"unknown table; allowed tables are {sorted(known)}")
@@ -101,9 +157,8 @@ class _Parser:
         head = self.fields("machine", data["machine"], Machine,
                            {"name": _str, "backend": _str, "clock_hz": _pos_float,
                             "description": _str})
-        params = data.get("params", {})
-        if not isinstance(params, dict):
-            raise self.err("params", None, "must be a table")
+        params = self.params(head["backend"], data.get("params", {}))
+        sources = self.sources(data.get("sources", {}))
         peaks = {}
         for key, val in data.get("peaks", {}).items():
             if key not in DTYPES:
@@ -122,7 +177,26 @@ class _Parser:
         movers = tuple(self.mover(i, m, names) for i, m in enumerate(self.array(data, "mover")))
         vectors = tuple(self.vector(i, v, names) for i, v in enumerate(self.array(data, "vector")))
         return Machine(compute=compute, memory=memory, primitives=prims, movers=movers,
-                       vectors=vectors, peaks=peaks, params=params, source=str(self.path), **head)
+                       vectors=vectors, peaks=peaks, params=params, sources=sources,
+                       source=str(self.path), **head)
+
+    def params(self, backend: str, raw: Any) -> Params:
+        if not isinstance(raw, dict):
+            raise self.err("params", None, "must be a table")
+        cls = params_class(backend)
+        if cls is None:
+            raise self.err("machine", "backend", f"no back end named {backend!r} is installed")
+        return parse(cls, raw, lambda key, msg: self.err("params", key, msg) if key else
+                     TAMError(f"{self.path.name}: [params] {msg}"))
+
+    def sources(self, raw: Any) -> dict[str, str]:
+        """[sources]: free keys (what), each a string (where from)."""
+        if not isinstance(raw, dict):
+            raise self.err("sources", None, "must be a table")
+        for key, val in raw.items():
+            if not isinstance(val, str):
+                raise self.err("sources", key, f"expected a string, got {val!r}")
+        return dict(raw)
 
     def array(self, data: dict, table: str) -> list:
         val = data.get(table, [])

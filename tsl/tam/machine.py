@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..errors import TAMError
+from .params import Params
 
 OPERANDS = ("A", "B", "C")
 MEMORY_ROLES = ("global", "scratchpad", "operand", "accumulator")
@@ -150,8 +151,9 @@ class VectorUnit:
 @dataclass(frozen=True)
 class Machine:
     """A whole TAM. `peaks` maps an accumulate dtype pair key (the primitive's a_dtype) to
-    operations per second (a MAC is two); `params` holds back-end parameters the back end
-    validates itself (an LLVM CPU name, a CUDA arch, a DRAM bandwidth)."""
+    operations per second (a MAC is two); `params` holds the back end's typed parameters (an
+    LLVM CPU name, a CUDA arch, a DRAM bandwidth: its `Params` dataclass, checked at load);
+    `sources` says where the figures come from and what the file does not model."""
 
     name: str
     backend: str
@@ -162,8 +164,9 @@ class Machine:
     movers: tuple[Mover, ...] = ()
     vectors: tuple[VectorUnit, ...] = ()
     peaks: Mapping[str, float] = field(default_factory=dict)
-    params: Mapping[str, object] = field(default_factory=dict)
+    params: Params = field(default_factory=Params)
     description: str = ""
+    sources: Mapping[str, str] = field(default_factory=dict)
     source: str = ""
     notes: tuple[str, ...] = ()  # how this machine was arrived at (e.g. host detection)
     # Where the clock, rates and peaks come from: "file" (as written), or what a back end

@@ -38,8 +38,11 @@ def dumps(m: Machine, header: str = "") -> str:
     lines = [f"# {ln}".rstrip() for ln in header.splitlines()] + [""] if header else []
     lines += ["[machine]", f"name = {_value(m.name)}", f"backend = {_value(m.backend)}",
               f"clock_hz = {m.clock_hz!r}", f"description = {_value(m.description)}", ""]
-    if m.params:
-        lines += ["[params]"] + [f"{k} = {_value(v)}" for k, v in m.params.items()] + [""]
+    params = {k: v for k, v in m.params.changed().items() if v is not None}
+    if params:
+        lines += ["[params]"] + [f"{k} = {_value(v)}" for k, v in params.items()] + [""]
+    if m.sources:
+        lines += ["[sources]"] + [f"{_key(k)} = {_value(v)}" for k, v in m.sources.items()] + [""]
     if m.peaks:
         lines += ["[peaks]"] + [f"{k} = {v!r}" for k, v in m.peaks.items()] + [""]
     for table, attr in _TABLES:

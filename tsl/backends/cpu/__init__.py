@@ -12,6 +12,7 @@ from . import codegen, host, rates, suite
 from .hostmachine import detect
 from .lowering import CPULowering
 from .runtime import CPUArtifact
+from .machine import CPUParams
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class CPUBackend(Backend):
     name = "cpu"
     default_machine = "x86-avx2"  # what `target="cpu"` means is decided by `default()`
     Options = CPUOptions
+    Params = CPUParams
 
     def default(self):
         """The built-in machine that best fits this host, with this host's rates

@@ -17,21 +17,21 @@ def target(machine, cross: bool = False):
     does not run (compile only)."""
     import tvm
 
-    need = list(machine.params.get("require", []))
+    need = list(machine.params.require)
     if cross:
-        if "mtriple" not in machine.params:
+        if not machine.params.mtriple:
             raise BackendUnavailable(f"machine {machine.name} cannot be cross-compiled: its "
                                      f"file has no [params] mtriple")
-        return tvm.target.Target({"kind": "llvm", "mtriple": machine.params["mtriple"],
-                                  "mcpu": machine.params.get("mcpu", "generic"),
+        return tvm.target.Target({"kind": "llvm", "mtriple": machine.params.mtriple,
+                                  "mcpu": machine.params.mcpu,
                                   "mattr": [f"+{f}" for f in need],
                                   "num-cores": machine.cores()})
     lacks = host.missing(machine)
     if lacks:
         raise BackendUnavailable(unavailable_message(machine, lacks))
-    arch = machine.params.get("arch")
-    others = {f for m in host.cpu_machines() if m.params.get("arch") == arch
-              for f in m.params.get("require", [])}
+    arch = machine.params.arch
+    others = {f for m in host.cpu_machines() if m.params.arch == arch
+              for f in m.params.require}
     off = sorted(others - set(need))
     return tvm.target.Target({"kind": "llvm", "mcpu": host.info().llvm_cpu,
                               "mattr": [f"-{f}" for f in off] + [f"+{f}" for f in need],

@@ -32,7 +32,7 @@ BFLOAT = 4
 
 def unavailable(machine) -> str | None:
     """Why `machine`'s code cannot be emulated here, or None."""
-    arch = machine.params.get("arch")
+    arch = machine.params.arch
     if arch not in TOOLS:
         return f"no emulator for arch {arch!r} (emulated: {sorted(TOOLS)})"
     lacks = [t for t in TOOLS[arch] if shutil.which(t) is None]
@@ -55,7 +55,7 @@ def run(mod, machine, args: list[np.ndarray], out: np.ndarray) -> np.ndarray:
     why = unavailable(machine)
     if why:
         raise BackendUnavailable(why)
-    cc, qemu = TOOLS[machine.params["arch"]]
+    cc, qemu = TOOLS[machine.params.arch]
     tensors = [np.ascontiguousarray(x) for x in [*args, out]]
     with tempfile.TemporaryDirectory(prefix="tsl-emu-") as d:
         obj, exe = os.path.join(d, "kernel.o"), os.path.join(d, "kernel")
@@ -75,7 +75,7 @@ def run(mod, machine, args: list[np.ndarray], out: np.ndarray) -> np.ndarray:
             for x in tensors:
                 f.write(x.tobytes())
         result = os.path.join(d, "out.bin")
-        cpu = machine.params.get("qemu_cpu", "max")
+        cpu = machine.params.qemu_cpu
         _check(LoweringError, subprocess.run([qemu, "-cpu", cpu, exe, spec, result], capture_output=True,
                               text=True, timeout=600), f"running under {qemu} -cpu {cpu}")
         return np.fromfile(result, dtype=tensors[-1].dtype).reshape(tensors[-1].shape)

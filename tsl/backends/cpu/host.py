@@ -143,7 +143,7 @@ def info() -> HostCPU:
     cpu = codegen.llvm_get_system_cpu()
     llvm = set(codegen.llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": cpu})))
     flags = _os_flags()
-    wanted = {f for m in cpu_machines() for f in m.params.get("require", [])}
+    wanted = {f for m in cpu_machines() for f in m.params.require}
     feats = set(llvm)
     if flags is not None:
         # The OS speaks for the features the machine files ask about: LLVM names the CPU
@@ -168,10 +168,10 @@ def cpu_machines() -> tuple[Machine, ...]:
 def missing(machine: Machine, h: HostCPU | None = None) -> list[str]:
     """What the host lacks to run `machine`: its architecture, or CPU features."""
     h = h or info()
-    arch = machine.params.get("arch")
+    arch = machine.params.arch
     if arch and _arch(arch) != h.arch:
         return [f"arch {arch} (this host is {h.arch})"]
-    return [f for f in machine.params.get("require", []) if not h.has(f)]
+    return [f for f in machine.params.require if not h.has(f)]
 
 
 def runnable(h: HostCPU | None = None) -> list[Machine]:
@@ -183,8 +183,8 @@ def runnable(h: HostCPU | None = None) -> list[Machine]:
 
 def _rank(m: Machine, h: HostCPU):
     per_core = {d: v / m.cores() for d, v in m.peaks.items()}
-    return (h.llvm_cpu in m.params.get("cpus", ()), per_core.get("float32", 0.0),
-            per_core.get("int8", 0.0), len(m.params.get("require", [])))
+    return (h.llvm_cpu in m.params.cpus, per_core.get("float32", 0.0),
+            per_core.get("int8", 0.0), len(m.params.require))
 
 
 def specialize(m: Machine, h: HostCPU) -> Machine:
@@ -239,9 +239,9 @@ def choose(h: HostCPU) -> tuple[Machine, list[str]]:
             f"write one (python -m tsl.backends.cpu probe -o my.toml) and pass its path as "
             f"the target")
     m = best[0]
-    why = (f"its [params] cpus lists {h.llvm_cpu}" if h.llvm_cpu in m.params.get("cpus", ())
+    why = (f"its [params] cpus lists {h.llvm_cpu}" if h.llvm_cpu in m.params.cpus
            else "the highest peak per core")
-    notes = [f"host features {sorted(m.params.get('require', []))}: all that {m.name} requires",
+    notes = [f"host features {sorted(m.params.require)}: all that {m.name} requires",
              f"chosen over {[x.name for x in best[1:]] or 'nothing else runnable'}: {why}"]
     notes += [f"not runnable here: {x.name} (lacks {missing(x, h)})" for x in cpu_machines()
               if missing(x, h)]

@@ -52,7 +52,7 @@ def probe_file(name: str | None = None) -> tuple[Machine, str]:
     m = rates.apply(base, measured, tolerance=0.0)
     m = dataclasses.replace(m, name=name or f"{base.name}-probed", notes=(),
                             description=f"{h.model or h.llvm_cpu}, measured by tsl probe",
-                            params={**base.params, "cpus": [h.llvm_cpu]})
+                            params=dataclasses.replace(base.params, cpus=(h.llvm_cpu,)))
     text = dumps(m, _header(m, base, h, measured))
     # What is written must load back as it is.
     with tempfile.TemporaryDirectory() as d:

@@ -156,7 +156,7 @@ def _dtypes(p) -> set[str]:
 
 def uarch(m: Machine, h) -> tuple[str, dict] | None:
     """(name, table) of m's `[params.uarch.NAME]` that matches host `h`, if one does."""
-    tables = m.params.get("uarch", {})
+    tables = m.params.uarch
     if not isinstance(tables, dict):
         raise TAMError(f"{Path(m.source).name}: [params] key 'uarch': must be a table of "
                        f"tables ([params.uarch.NAME])")

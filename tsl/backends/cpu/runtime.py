@@ -50,7 +50,7 @@ class CPUArtifact(Artifact):
             from ...errors import BackendUnavailable
 
             raise BackendUnavailable(f"this artifact was cross-compiled for {self.machine.name} "
-                                     f"({self.machine.params.get('mtriple')}); export it, "
+                                     f"({self.machine.params.mtriple}); export it, "
                                      f"run it under QEMU with `.emulate()`, or build it without "
                                      f"cross=True on such a host to time it")
 

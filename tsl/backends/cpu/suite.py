@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 from ... import ops
+from ...workloads import BERT_BASE, RESNET18
 
-# (H=W, Cin, Cout, kernel, pad, stride) of ResNet-18's conv layers C2..C11.
-RESNET18 = [(56, 64, 64, 3, 1, 1), (56, 64, 128, 3, 1, 2), (56, 64, 128, 1, 0, 2),
-            (28, 128, 128, 3, 1, 1), (28, 128, 256, 3, 1, 2), (28, 128, 256, 1, 0, 2),
-            (14, 256, 256, 3, 1, 1), (14, 256, 512, 3, 1, 2), (14, 256, 512, 1, 0, 2),
-            (7, 512, 512, 3, 1, 1)]
-# One BERT-base layer at sequence 128: fused QKV, attention output, the two FFN GEMMs, and
-# the per-head attention products.
-BERT = [(128, 2304, 768), (128, 768, 768), (128, 3072, 768), (128, 768, 3072)]
+# One BERT-base layer at sequence 128: fused QKV, attention output, the two FFN GEMMs.
+BERT = [BERT_BASE[k] for k in ("qkv", "attention_out", "ffn_in", "ffn_out")]
 
 
 def suite(quick: bool) -> list:

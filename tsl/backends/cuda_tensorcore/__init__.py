@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from ...backend import Backend, Options
 from ...errors import ScheduleError
 from ...lower import lower
+from ...workloads import BERT_BASE
 from ...ops import bias, conv2d, dense, matmul, relu
 from . import codegen, hopper, model
 from .lowering import TensorCoreLowering
 from .runtime import TensorCoreArtifact
+from .machine import TensorCoreParams
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class TensorCoreBackend(Backend):
     name = "cuda_tensorcore"
     default_machine = "tensorcore-sm90"
     Options = TensorCoreOptions
+    Params = TensorCoreParams
 
     def unavailable(self, machine, options: TensorCoreOptions | None = None) -> str | None:
         return None  # CUDA source is generated without a GPU; nvcc is checked where needed
@@ -71,9 +74,9 @@ class TensorCoreBackend(Backend):
                                 f"the ldmatrix + mma.sync kernels only (this one issues "
                                 f"{t.instruction}); do not split the reduction")
         threads = 32 * t.warps
-        if threads > int(m.params["max_threads_per_block"]):
+        if threads > int(m.params.max_threads_per_block):
             raise ScheduleError(f"{schedule.op} on {m.name}: {t.warps} warps per block "
-                                f"({threads} threads) exceed the {m.params['max_threads_per_block']}"
+                                f"({threads} threads) exceed the {m.params.max_threads_per_block}"
                                 f" a block may have; use smaller m_outer / n_outer")
         static = model.epilogue_shared_bytes(t)
         if static > model.STATIC_SHARED_MAX:
@@ -82,24 +85,25 @@ class TensorCoreBackend(Backend):
                                 f"{model.STATIC_SHARED_MAX} B of static shared memory a kernel "
                                 f"may have; use fewer warps (m_outer / n_outer)")
         regs = model.registers(t)
-        if regs * threads > int(m.params["registers_per_sm"]):
+        if regs * threads > int(m.params.registers_per_sm):
             raise ScheduleError(f"{schedule.op} on {m.name}: {threads} threads x {regs} "
                                 f"registers (modelled) exceed the SM's "
-                                f"{m.params['registers_per_sm']}; use fewer warps or smaller "
+                                f"{m.params.registers_per_sm}; use fewer warps or smaller "
                                 f"accumulator tiles")
 
     def tvm_target(self, machine):
         """cuda with the machine's arch, an llvm host."""
         import tvm
 
-        return tvm.target.Target({"kind": "cuda", "arch": machine.params["arch"]},
+        return tvm.target.Target({"kind": "cuda", "arch": machine.params.arch},
                                  host={"kind": "llvm"})
 
     def suite(self, quick: bool) -> list:
         """fp16 GEMMs (large, and BERT-base's at sequence 128), bf16 and int8 GEMMs, a ResNet
         3x3 conv2d in NHWC."""
-        bert = [dense(128, k, n, dtype="float16", epilogue=bias() + relu() if n == 3072 else None)
-                for n, k in ((768, 768), (3072, 768), (768, 3072), (2304, 768))]
+        bert = [dense(m, k, n, dtype="float16", epilogue=bias() + relu() if n == 3072 else None)
+                for m, n, k in (BERT_BASE[name] for name in
+                                ("attention_out", "ffn_in", "ffn_out", "qkv"))]
         if quick:
             return [matmul(4096, 4096, 4096, dtype="float16"), bert[1],
                     conv2d(8, 64, 56, 56, 64, 3, 3, padding=1, layout="NHWC", dtype="float16")]

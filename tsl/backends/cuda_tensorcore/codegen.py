@@ -66,8 +66,8 @@ def generate(mod, machine) -> Kernel:
     from tvm import tirx
     from tvm.tirx.build import codegen_build, split_host_device_mods
 
-    tgt = target(machine.params["arch"])
-    config = {"tirx.use_async_copy": bool(machine.params.get("cp_async", False))}
+    tgt = target(machine.params.arch)
+    config = {"tirx.use_async_copy": bool(machine.params.cp_async)}
     try:
         with tvm.transform.PassContext(config=config):
             mod = tirx.transform.BindTarget(tgt.with_host(tvm.target.Target({"kind": "llvm"})))(mod)
@@ -198,7 +198,7 @@ def check_fits(k: "Kernel", machine) -> None:
     smem = machine.levels("scratchpad")[0]
     threads = k.block[0] * k.block[1] * k.block[2]
     regs = k.fragment_bytes // 4 // 32  # 32-bit registers per thread
-    max_regs = int(machine.params.get("max_registers_per_thread", 255))
+    max_regs = int(machine.params.max_registers_per_thread)
     problems = []
     if k.shared_bytes > smem.capacity:
         problems.append(f"shared memory {k.shared_bytes} B ({k.dynamic_shared_bytes} B staged "
@@ -208,7 +208,7 @@ def check_fits(k: "Kernel", machine) -> None:
     if regs > max_regs:
         problems.append(f"fragments need {regs} registers per thread, over the "
                         f"{max_regs} a thread can have")
-    if threads > int(machine.params.get("max_threads_per_block", 1024)):
+    if threads > int(machine.params.max_threads_per_block):
         problems.append(f"{threads} threads per block")
     if problems:
         raise ScheduleError(f"the schedule does not fit {machine.name}: " + "; ".join(problems)

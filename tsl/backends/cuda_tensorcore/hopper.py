@@ -78,7 +78,7 @@ class Plan:
 def applies(schedule) -> bool:
     """Whether `schedule`'s operator and machine take the sm_90a wgmma kernel."""
     op, m = schedule.op, schedule.machine
-    if m.params.get("arch") != "sm_90" or op.name not in ("matmul", "dense"):
+    if m.params.arch != "sm_90" or op.name not in ("matmul", "dense"):
         return False
     if op.dtype not in ("float16", "bfloat16") or op.acc_dtype != "float32":
         return False

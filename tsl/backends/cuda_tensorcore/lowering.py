@@ -171,7 +171,7 @@ class TensorCoreLowering(Lowering):
         n = len(body.seq) if hasattr(body, "seq") else 1
         sch.annotate(rv, "software_pipeline_stage", [0] * (n - 1) + [stages - 1])
         sch.annotate(rv, "software_pipeline_order", list(range(n)))
-        if self.machine.params.get("cp_async", False):
+        if self.machine.params.cp_async:
             sch.annotate(rv, "software_pipeline_async_stages", [0])
 
     def split_reduction(self, ctx: LowerContext, rv) -> None:

@@ -14,7 +14,7 @@ Per SM and per k-step of a block tile (BM x BN x BK, W warps, S pipeline stages)
     L2       (BM + BN) * BK bytes at this SM's share of the L2 -> SM bandwidth (the L2's
              bandwidth over the SMs that have blocks in this wave, at most the SM's port)
 
-the slowest of them plus `overlap_stall` x the second slowest x their ratio (paths of nearly
+the slowest of them plus `overlap_stall_share` x the second slowest x their ratio (paths of nearly
 equal time stall each other); an unpipelined kernel (S = 1) copies, then computes. It adds
 what a block cannot overlap with its own work, divided over the blocks resident on the SM
 (they hide each other's stalls): a barrier per k-step, the pipeline fill (the copy latency of
@@ -34,7 +34,7 @@ the last wave, or HBM): no kernel issuing that instruction can be faster, so a r
 from it is an upper bound, labelled so.
 
 Every rate is machine data: [peaks], the primitive's macs_per_cycle, [params] instruction_rate,
-l2_bytes_per_s, l2_sm_bytes_per_cycle, overlap_stall, barrier_cycles, the occupancy limits, and
+l2_bytes_per_s, l2_sm_bytes_per_cycle, overlap_stall_share, barrier_cycles, the occupancy limits, and
 the movers' latencies (tensorcore-*.toml).
 """
 
@@ -112,7 +112,7 @@ def planned_instruction(machine, op) -> str:
     """The Tensor Core instruction the lowering emits for `op` on `machine` (before it runs):
     ldmatrix + mma.sync where the machine asks for it (`mma_sync`) for the GEMM family,
     warp-level WMMA otherwise (conv2d's window tile, machines without the parameter)."""
-    if (machine.params.get("mma_sync") and op.name != "conv2d"
+    if (machine.params.mma_sync and op.name != "conv2d"
             and op.dtype in ("float16", "bfloat16", "int8")):
         return "mma_sync"
     return "wmma"
@@ -191,13 +191,13 @@ def occupancy(machine, threads: int, regs: int, smem: int, regs_from: str) -> Oc
     shared memory (each block also reserves 1 KiB) and warps; at least one (a block that does
     not fit at all is refused before: codegen.check_fits, `check`)."""
     p = machine.params
-    alloc = min(math.ceil(regs / 8) * 8, int(p["max_registers_per_thread"]))
-    by = {"registers": int(p["registers_per_sm"]) // max(alloc * threads, 1),
-          "shared memory": int(p["smem_per_sm"]) // (smem + 1024),
-          "warps": int(p["max_warps_per_sm"]) // max(threads // 32, 1)}
+    alloc = min(math.ceil(regs / 8) * 8, int(p.max_registers_per_thread))
+    by = {"registers": int(p.registers_per_sm) // max(alloc * threads, 1),
+          "shared memory": int(p.smem_bytes_per_sm) // (smem + 1024),
+          "warps": int(p.max_warps_per_sm) // max(threads // 32, 1)}
     limit = min(by, key=by.get)
     return Occupancy(threads, regs, regs_from, smem, max(by[limit], 1), limit,
-                     int(p["max_warps_per_sm"]))
+                     int(p.max_warps_per_sm))
 
 
 def hbm_bytes(schedule, resident: int) -> int:
@@ -374,22 +374,22 @@ def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm:
     adds them."""
     p = machine.params
     prim = machine.primitive(dtype)
-    rates = p.get("instruction_rate", {})
+    rates = p.instruction_rate
     if tile.instruction not in rates:
         raise TAMError(f"{machine.name}: [params.instruction_rate] has no rate for "
                        f"{tile.instruction!r}")
     irate = float(rates[tile.instruction])
     sms = machine.cores()
     smem_bw = machine.levels("scratchpad")[0].bandwidth
-    l2_port = float(p["l2_sm_bytes_per_cycle"])
+    l2_port = float(p.l2_sm_bytes_per_cycle)
     # The L2 serves the SMs that have blocks; each at most at its own port's rate.
-    l2_total = float(p["l2_bytes_per_s"]) / machine.clock_hz
+    l2_total = float(p.l2_bytes_per_s) / machine.clock_hz
 
     def l2_per_sm(active: int) -> float:
         return min(l2_port, l2_total / max(min(active, sms), 1))
 
-    barrier = float(p["barrier_cycles"])
-    stall = float(p["overlap_stall"])
+    barrier = float(p.barrier_cycles)
+    stall = float(p.overlap_stall_share)
     copy_latency = next((mv.latency for mv in machine.movers if mv.dst == "smem"), 0)
     frag_latency = next((mv.latency for mv in machine.movers if mv.src == "smem"), 0)
     t = tile
@@ -414,7 +414,7 @@ def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm:
                 "shared": (step_bytes + fragment_reads) / smem_bw,
                 "l2": step_bytes / l2}
         # The three paths overlap, but not perfectly: when the two slowest take nearly the
-        # same time each waits on the other now and then (params.overlap_stall of the
+        # same time each waits on the other now and then (params.overlap_stall_share of the
         # shorter, growing with the balance).
         first, second = sorted(step.values())[-2:][::-1]
         step_time = first + stall * second ** 2 / first
@@ -445,16 +445,16 @@ def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm:
             step, exposed = step_last, exposed_last
     gap = traffic = 0.0
     if parts > 1:
-        if "kernel_gap_seconds" not in p:
+        if p.kernel_gap_seconds is None:
             raise TAMError(f"{machine.name}: a split reduction's second kernel needs "
                            f"[params] kernel_gap_seconds (and l2_capacity_bytes)")
-        gap = float(p["kernel_gap_seconds"])
+        gap = float(p.kernel_gap_seconds)
         # The partial sums were just written: read from the L2 if they fit in it.
-        resident_l2 = sum_bytes <= float(p.get("l2_capacity_bytes", 0))
-        traffic = sum_bytes / float(p["l2_bytes_per_s" if resident_l2 else "hbm_bytes_per_s"])
+        resident_l2 = sum_bytes <= float(p.l2_capacity_bytes)
+        traffic = sum_bytes / float(p.l2_bytes_per_s if resident_l2 else p.hbm_bytes_per_s)
     return Model(machine.name, t.instruction, irate, machine.peak(dtype), flops, padded_flops,
                  blocks_per_sm, sms, t.blocks / resident, step, exposed, cycles,
-                 machine.clock_hz, hbm_bytes / float(p["hbm_bytes_per_s"]), parts, gap,
+                 machine.clock_hz, hbm_bytes / float(p.hbm_bytes_per_s), parts, gap,
                  traffic)
 
 

@@ -115,7 +115,7 @@ class Roofline:
 
 def roofline_estimate(machine, macs: int, mod: model.Model, occ: model.Occupancy) -> Estimate:
     """The `Estimate` (kind "model") of a kernel modelled as `mod` with occupancy `occ`."""
-    bw = float(machine.params["hbm_bytes_per_s"])
+    bw = float(machine.params.hbm_bytes_per_s)
     r = Roofline(mod, occ, bw)
     return Estimate(mod.seconds, kind="model", machine=machine.name, clock_hz=machine.clock_hz,
                     bound=mod.limiter, macs=macs, padded_macs=int(mod.padded_flops / 2),
@@ -140,7 +140,7 @@ class TensorCoreArtifact(Artifact):
 
     @property
     def arch(self) -> str:
-        return self.machine.params["arch"]
+        return self.machine.params.arch
 
     # -- code -------------------------------------------------------------------------------
     def source(self) -> str:
@@ -166,8 +166,8 @@ class TensorCoreArtifact(Artifact):
         threads = math.prod(k.block)
         rep.update(dynamic_shared_bytes=k.dynamic_shared_bytes, threads=threads,
                    shared_bytes=k.dynamic_shared_bytes + rep["static_shared_bytes"])
-        rep["fits"] = (rep["registers"] <= m.params["max_registers_per_thread"]
-                       and rep["registers"] * threads <= m.params["registers_per_sm"]
+        rep["fits"] = (rep["registers"] <= m.params.max_registers_per_thread
+                       and rep["registers"] * threads <= m.params.registers_per_sm
                        and rep["shared_bytes"] <= m.levels("scratchpad")[0].capacity)
         return rep
 
@@ -179,7 +179,7 @@ class TensorCoreArtifact(Artifact):
     @cached_property
     def pipelined(self) -> bool:
         return (any(lp.stages > 1 for lp in self.schedule.loops)
-                and bool(self.machine.params.get("cp_async")))
+                and bool(self.machine.params.cp_async))
 
     def check(self, arch: str | None = None) -> tuple[bool, str]:
         """(ok, summary): the PTX has the mma instructions (and cp.async when pipelined), every

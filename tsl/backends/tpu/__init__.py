@@ -13,19 +13,16 @@ from dataclasses import dataclass
 from ...backend import Backend, Options
 from ...errors import ScheduleError, TSLError, LoweringError
 from ...lower import lower
+from ...workloads import BERT_BASE, RESNET18
 from ...ops import bias, conv2d, dense, matmul, relu
 from .lowering import TPULowering
 from . import model  # noqa: F401 - registers the kernel's price with tsl.model
 from .kernel import MosaicArtifact, check_plan, kernel_plan
 from .plan import schedule_plan
 from .runtime import TPUArtifact, check_vmem
+from .machine import TPUParams
 
 EMITTERS = ("mosaic", "stablehlo")
-# (H=W, Cin, Cout, kernel, pad, stride) of ResNet-18's conv layers C2..C11, the bench's rows.
-RESNET18 = [(56, 64, 64, 3, 1, 1), (56, 64, 128, 3, 1, 2), (56, 64, 128, 1, 0, 2),
-            (28, 128, 128, 3, 1, 1), (28, 128, 256, 3, 1, 2), (28, 128, 256, 1, 0, 2),
-            (14, 256, 256, 3, 1, 1), (14, 256, 512, 3, 1, 2), (14, 256, 512, 1, 0, 2),
-            (7, 512, 512, 3, 1, 1)]
 
 
 @dataclass(frozen=True)
@@ -44,6 +41,7 @@ class TPUBackend(Backend):
     name = "tpu"
     default_machine = "tpu-v5e"
     Options = TPUOptions
+    Params = TPUParams
 
     def unavailable(self, machine, options: TPUOptions | None = None) -> str | None:
         return None  # emitting needs no jax; running says what to install
@@ -56,7 +54,7 @@ class TPUBackend(Backend):
         check_tensorized(schedule)
         check_hbm(schedule)
         check_vmem(schedule)
-        check_plan(schedule_plan(schedule, int(schedule.machine.params["tiling"][0])), schedule)
+        check_plan(schedule_plan(schedule, int(schedule.machine.params.tiling[0])), schedule)
 
     def _build(self, schedule, options: TPUOptions):
         """The artifact of the emitter `options.emitter` names (`TPUOptions`)."""
@@ -87,8 +85,8 @@ class TPUBackend(Backend):
         return [matmul(1024, 1024, 1024, **bf16), matmul(2048, 2048, 2048, **bf16),
                 matmul(4096, 4096, 4096, **bf16),
                 # BERT-base GEMMs at sequence length 128: attention projections, FFN in/out, QKV
-                matmul(128, 768, 768, **bf16), matmul(128, 3072, 768, **bf16),
-                matmul(128, 768, 3072, **bf16), matmul(128, 2304, 768, **bf16),
+                *(matmul(*BERT_BASE[k], **bf16)
+                  for k in ("attention_out", "ffn_in", "ffn_out", "qkv")),
                 dense(128, 768, 3072, epilogue=bias() + relu(), **bf16),
                 matmul(1024, 1024, 1024, dtype="int8"),
                 conv2d(1, 128, 58, 58, 128, 3, 3, layout="NHWC", **bf16)] + \

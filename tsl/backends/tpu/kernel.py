@@ -19,7 +19,7 @@ def kernel_plan(schedule: Schedule, ctx) -> Plan:
     """The Mosaic kernel of a lowered schedule: GEMMs from the scheduled TIR, conv2d by the
     TPU's conv mapping of the schedule's tiles."""
     if schedule.op.name == "conv2d":
-        return conv_plan(schedule, int(schedule.machine.params["tiling"][0]))
+        return conv_plan(schedule, int(schedule.machine.params.tiling[0]))
     return gemm_plan(codegen.compact(ctx.sch.mod), ctx.op, schedule.op)
 
 
@@ -34,7 +34,7 @@ class MosaicArtifact(Artifact):
     def __init__(self, schedule: Schedule, ctx, plan: Plan):
         super().__init__(schedule, ctx)
         self.plan = plan
-        self.vmem_limit = int(schedule.machine.params["vmem_scoped_bytes"])
+        self.vmem_limit = int(schedule.machine.params.vmem_scoped_bytes)
         self._exported: dict = {}
         self._run = None
 
@@ -118,7 +118,7 @@ def check_plan(plan: Plan, s: Schedule) -> None:
     from ...errors import ScheduleError
 
     model.check_steps(plan, s.op)
-    budget = int(s.machine.params["vmem_scoped_bytes"])
+    budget = int(s.machine.params.vmem_scoped_bytes)
     used, parts = plan.vmem_bytes()
     if used > budget:
         raise ScheduleError(f"the Mosaic kernel of {s.op} needs {used:,} bytes of VMEM "

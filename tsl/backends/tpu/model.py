@@ -48,16 +48,16 @@ def check_steps(plan: Plan, op) -> None:
 
 
 def _p(m: Machine, key: str) -> float:
-    return float(m.params[key])
+    return float(getattr(m.params, key))
 
 
 def program(plan: Plan, m: Machine) -> Program:
     """The kernel `plan` on machine `m` as the shared model's `Program` (module docstring)."""
     check_steps(plan, f"{plan.kind} ({plan.source})")
     prim = m.primitive(plan.inputs[0].dtype) or m.primitives[0]
-    n_mxu = int(m.params["mxu_count"])
+    n_mxu = int(m.params.mxu_count)
     rows_per_cycle = prim.macs_per_cycle / (n_mxu * prim.n * prim.k)  # per MXU
-    group = int(m.params["tiling"][0])
+    group = int(m.params.tiling[0])
     rows, kk, cols = plan.dot
     rows8 = -(-rows // group) * group
     tiles = -(-kk // prim.k) * -(-cols // prim.n)
@@ -145,7 +145,7 @@ def program(plan: Plan, m: Machine) -> Program:
                            "mxu_s": S * share * mxu_cyc / m.clock_hz,
                            "mxu_passes": S * tiles * -(-rows8 // prim.m),
                            "vmem_bytes": plan.vmem_bytes()[0],
-                           "vmem_budget": int(m.params["vmem_scoped_bytes"])})
+                           "vmem_budget": int(m.params.vmem_scoped_bytes)})
 
 
 def _shape(b: Block) -> tuple:
@@ -169,7 +169,7 @@ def price(s, plan: Plan) -> Estimate:
 
 
 def _schedule_program(s) -> Program:
-    return program(schedule_plan(s, int(s.machine.params["tiling"][0])), s.machine)
+    return program(schedule_plan(s, int(s.machine.params.tiling[0])), s.machine)
 
 
 register_program("tpu", _schedule_program)
@@ -233,14 +233,14 @@ def public_pallas(s) -> tuple[Plan, Estimate]:
         P, Q = (op.output.shape[2], op.output.shape[3]) if op.params["layout"] == "NCHW" \
             else (op.output.shape[1], op.output.shape[2])
         plan = conv_plan_for(op, min(P, max(1, 512 // Q)), 1024, 1024 // 9 // 128 * 128 or 128,
-                             int(m.params["tiling"][0]), source="public Pallas blocks")
+                             int(m.params.tiling[0]), source="public Pallas blocks")
     else:
         plan = gemm_plan_for(op, *PUBLIC_BLOCKS, source="public Pallas blocks")
     return plan, price(s, plan)
 
 
 def fits(plan: Plan, m: Machine) -> bool:
-    return plan.vmem_bytes()[0] <= int(m.params["vmem_scoped_bytes"])
+    return plan.vmem_bytes()[0] <= int(m.params.vmem_scoped_bytes)
 
 
 def xla_model(s) -> tuple[Plan, Estimate]:
@@ -251,7 +251,7 @@ def xla_model(s) -> tuple[Plan, Estimate]:
     kernel pays -- XLA lays out inside its convolution. An optimistic model of XLA, not a
     measurement."""
     op, m = s.op, s.machine
-    group = int(m.params["tiling"][0])
+    group = int(m.params.tiling[0])
     if op.name == "conv2d":
         N, C, H, W, K, R, S = op.params["shape"]
         P = op.output.shape[2] if op.params["layout"] == "NCHW" else op.output.shape[1]

@@ -119,7 +119,7 @@ def vmem_footprint(s: Schedule) -> tuple[int, list[str]]:
 
 
 def check_vmem(s: Schedule) -> None:
-    budget = int(s.machine.params.get("vmem_scoped_bytes", 0))
+    budget = int(s.machine.params.vmem_scoped_bytes)
     used, parts = vmem_footprint(s)
     if budget and used > budget:
         raise ScheduleError(f"schedule of {s.op} needs {used:,} bytes of VMEM ({'; '.join(parts)}) "
@@ -146,7 +146,7 @@ def estimate(s: Schedule, big: Operator, structure: codegen.Structure) -> Estima
     return evaluate(s, extra=extra, notes=parts, tiles=True, detail={
         "mxu_passes": big.macs // (p.m * p.n * p.k), "dot_trips": structure.dot_trips,
         "flops": 2 * big.macs, "vmem_bytes": vmem,
-        "vmem_budget": int(s.machine.params.get("vmem_scoped_bytes", 0))})
+        "vmem_budget": int(s.machine.params.vmem_scoped_bytes)})
 
 
 class TPUArtifact(Artifact):

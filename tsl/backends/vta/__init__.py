@@ -11,6 +11,7 @@ from ...lower import lower
 from . import codegen
 from .lowering import VTALowering
 from .runtime import VTAArtifact
+from .machine import VTAParams
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class VTABackend(Backend):
     default_machine = "vta-1x16x16"
     bench_trials = 24
     Options = VTAOptions
+    Params = VTAParams
 
     def _build(self, schedule, options: VTAOptions) -> VTAArtifact:
         """The VTA program of `schedule` (`VTAOptions` says what `cthreads` changes)."""

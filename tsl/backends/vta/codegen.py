@@ -53,12 +53,6 @@ HAZARD_DISTANCE = 2  # a GEMM uop may not write an ACC entry one of the 2 uops b
 DRAM_ALIGN = 4096  # every kernel argument starts on this byte boundary (a multiple of any entry)
 
 
-# [params] every VTA machine file must give: the UOP buffer (not an operand level) and the cycle
-# model. None has a silent default: a file that forgets one would otherwise be timed with Pynq's.
-PARAMS = ("log_uop_buff_size", "bus_bytes", "dram_bytes_per_cycle", "dma_latency", "gemm_ii",
-          "alu_ii", "pipeline_fill")
-
-
 def machine_config(machine) -> VTAConfig:
     """The VTA hardware configuration a TAM describes: shapes from the GEMM primitive, buffer
     sizes from its three levels (capacity per virtual thread x threads), the cycle model from
@@ -76,11 +70,6 @@ def machine_config(machine) -> VTAConfig:
         lv = machine.memory_level(level)
         return log2(lv.capacity * (threads if lv.per else 1), f"{level} buffer bytes")
 
-    missing = [k for k in PARAMS if k not in machine.params]
-    if missing:
-        raise TAMError(f"{machine.source or machine.name}: [params] key(s) {missing} missing "
-                       f"(required for a VTA machine: {', '.join(PARAMS)}; see "
-                       "vta-1x16x16.toml for what each means)")
     bits = {"int8": 3, "int32": 5}
     try:
         return VTAConfig.from_params(dict(
@@ -88,7 +77,7 @@ def machine_config(machine) -> VTAConfig:
             log_block_out=log2(p.n, "primitive n"), log_inp_width=bits[p.a_dtype],
             log_wgt_width=bits[p.b_dtype], log_acc_width=bits[p.acc_dtype],
             log_inp_buff_size=buf(p.a_level), log_wgt_buff_size=buf(p.b_level),
-            log_acc_buff_size=buf(p.c_level), clock_hz=machine.clock_hz, **machine.params))
+            log_acc_buff_size=buf(p.c_level), clock_hz=machine.clock_hz, **machine.params.vta_config()))
     except (KeyError, ValueError, TypeError) as e:
         raise TAMError(f"{machine.source or machine.name}: not a VTA configuration: {e}") from None
 

@@ -1,0 +1,25 @@
+"""The CPU back end's [params]: how LLVM names the target and which features it needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...tam.params import Params
+
+
+@dataclass(frozen=True, kw_only=True)
+class CPUParams(Params):
+    """arch: the architecture the host must have ("x86_64", "aarch64"); mtriple / mcpu: what
+    LLVM is told when cross-compiling (on the host its own CPU name is used); require: the CPU
+    features the file's primitives need (LLVM's names); cpus: LLVM CPU names this file is the
+    best description of (host detection prefers it for them); qemu_cpu: the QEMU model an
+    emulated run uses; uarch: per micro-architecture rate tables, `[params.uarch.NAME]`
+    (their keys are checked by `rates.uarch`, the one reader)."""
+
+    arch: str = ""
+    mtriple: str = ""
+    mcpu: str = "generic"
+    require: tuple[str, ...] = ()
+    cpus: tuple[str, ...] = ()
+    qemu_cpu: str = "max"
+    uarch: dict[str, dict] = field(default_factory=dict)
