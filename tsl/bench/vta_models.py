@@ -29,23 +29,22 @@ def resnet18(hw: int = 224):
     return mod, cal
 
 
-def row(model: str, target: str, hw: int = 224) -> dict:
+def row(model: str, target: str, hw: int = 224, skip_first: bool = True) -> dict:
     """One `--models` row for `model` on VTA machine `target`."""
     import tvm
     from tvm import relax
 
     import tsl.relax
-    from tsl.relax.vta_run import VTANetwork
 
-    mod, cal = {"resnet18": resnet18}[model](hw)
-    q = tsl.relax.quantize(mod, calibration=cal, skip_first=True)
+    mod, cal = {"torchvision_resnet18": resnet18}[model](hw)
+    q = tsl.relax.quantize(mod, calibration=cal, skip_first=skip_first)
     x = cal[-1]
     t = time.perf_counter()
-    net = VTANetwork(q, target)
+    ex = tvm.compile(q, target=tsl.relax.tvm_target(target),
+                     relax_pipeline=tsl.relax.pipeline(target))
     compile_s = time.perf_counter() - t
-    (got,), stats = net(x)
-    base = VTANetwork(q, target, classic=True)
-    (bgot,), bstats = base(x)
+    (got,), stats = tsl.relax.run_vta(ex, x)
+    (bgot,), bstats = tsl.relax.run_vta(q, x, target, classic=True)
     ex = tvm.compile(q, target=tsl.relax.tvm_target("cpu"),
                      relax_pipeline=tsl.relax.pipeline("cpu"))
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
@@ -58,7 +57,7 @@ def row(model: str, target: str, hw: int = 224) -> dict:
             "sim_s": stats["sim_s"], "compile_s": compile_s}
 
 
-def main(targets: list[str], json_path: str | None = None, models=("resnet18",)) -> int:
+def main(targets: list[str], json_path: str | None = None, models=("torchvision_resnet18",)) -> int:
     """Print (and with `json_path` write) one row per model and VTA target."""
     import json
 
@@ -73,7 +72,7 @@ def main(targets: list[str], json_path: str | None = None, models=("resnet18",))
         for t in targets:
             r = row(m, t)
             out.append(r)
-            print(f"{m:10s} {t:12s} exact={r['exact']} cycles={r['cycles']:,} classic="
+            print(f"{m:20s} {t:12s} exact={r['exact']} cycles={r['cycles']:,} classic="
                   f"{r['classic_cycles']:,} speedup={r['speedup']:.2f}x cpu={r['cpu_ms']:.1f} ms "
                   f"sim={r['sim_s']:.1f} s compile={r['compile_s']:.1f} s", flush=True)
     if json_path:
