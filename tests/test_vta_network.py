@@ -192,3 +192,35 @@ def test_report_says_which_calls_go_to_vta_and_why_the_rest_stays_on_the_cpu(sma
     assert len(rep.layers) == 2 and "bias+shift+residual" in text, text
     assert "relax.nn.conv2d: float or non-constant weights" in text
     assert "mean x1: not in the vta-1x16x16 ISA" in text, text
+
+
+def test_a_downsampling_block_fuses_its_add_into_the_main_path_conv_and_runs_bit_exact():
+    """Two layers meet in the add (conv-BN and the 1x1 downsample conv-BN): the add and relu
+    go with torch's main path (`out += identity`), the downsample is its own VTA layer whose
+    int8 output is the residual; channels 24 and 40 are not multiples of VTA's 16."""
+    torch = pytest.importorskip("torch", reason="the import needs PyTorch (the test extra)")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(1)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = torch.nn.Conv2d(24, 40, 3, 2, 1, bias=False), torch.nn.BatchNorm2d(40)
+            self.d, self.bd = torch.nn.Conv2d(24, 40, 1, 2, bias=False), torch.nn.BatchNorm2d(40)
+
+        def forward(self, x):
+            return torch.relu(self.b1(self.c1(x)) + self.bd(self.d(x))).mean((2, 3))
+
+    net = Block().eval()
+    cal = [np.random.default_rng(i).standard_normal((1, 24, 9, 9), np.float32) for i in range(3)]
+    with torch.no_grad():
+        mod = from_exported_program(torch.export.export(net, (torch.tensor(cal[0]),)))
+    q = tsl.relax.quantize(mod, calibration=cal)
+    rep = tsl.relax.report(q, "vta")
+    assert len(rep.layers) == 2 and "residual" not in rep.layers[0] \
+        and "residual" in rep.layers[1] and rep.layers[1].endswith("clip)"), str(rep)
+    want = _run(q, tsl.relax.pipeline("cpu"), cal[2])
+    (got,), stats = tsl.relax.run_vta(q, cal[2])
+    np.testing.assert_array_equal(got, want)
+    assert len(stats["layers"]) == 2 and np.any(got)
