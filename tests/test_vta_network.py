@@ -172,6 +172,9 @@ def test_the_network_runs_with_its_layers_on_vta_bit_exact_and_the_classic_basel
     if skip_first:
         assert len(stats["layers"]) == 2
         return
+    # conv 1's output reaches conv 2 (its input and its residual) in VTA's blocked layout;
+    # conv 1's padded 3-channel input and the CPU's pooling get NCHW.
+    assert [l["blocked"] for l in stats["layers"]] == [["out"], ["A", "residual"], []]
     assert len(stats["layers"]) == 3 and stats["cycles"] == sum(
         l["cycles"] for l in stats["layers"]) > 0
     assert all(l["sim_s"] > 0 for l in stats["layers"]), "every VTA layer ran in the simulator"

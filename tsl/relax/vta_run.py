@@ -39,15 +39,70 @@ class Partition:
     cpu_reasons: list
 
 
-def _runner(layer, art):
+def _unpadded(art, name: str) -> bool:
+    """The program reads input `name` (or writes the output, "out") at the operator's shape
+    (no tile padding): such a tensor can stay in the program's blocked layout between
+    layers."""
+    if name == "out":
+        return art.ctx.op.output.shape == art.op.output.shape
+    i = [t.name for t in art.op.inputs].index(name)
+    return art.ctx.op.inputs[i].shape == art.op.inputs[i].shape
+
+
+def _runner(layer, art, program: str, blocked: dict):
+    """The packed function of one layer. `blocked[name]` (A, residual, out): that tensor
+    arrives / leaves in the program's blocked layout (from / to another layer), else NCHW."""
+    consts = dict(zip(("B", "bias"), layer.weights))
+    names = [t.name for t in art.op.inputs]
+    packed = {n: art._pack(i, art._pad(i, art.check_inputs([consts[n]], [art.op.inputs[i]])[0]))
+              for i, n in enumerate(names) if n in consts}
+
     def run(*args):
         *ins, out = args
         t = time.perf_counter()
-        x, res = ins[0].numpy(), ins[1].numpy() if len(ins) > 1 else None
-        out.copyfrom(art.run(*layer.args(x, res)))
+        given = dict(zip(["A", "residual"], [a.numpy() for a in ins]))
+        xs = [packed[n] if n in consts else given[n] if blocked.get(n) else
+              art._pack(i, art._pad(i, art.check_inputs([given[n]], [art.op.inputs[i]])[0]))
+              for i, n in enumerate(names)]
+        y = art.simulate(xs)
+        if not blocked.get("out"):
+            y = art.unpack_output(y)
+        out.copyfrom(np.ascontiguousarray(y))
         if getattr(_trace, "layers", None) is not None:
-            _trace.layers.append((layer, art, time.perf_counter() - t))
+            _trace.layers.append((layer, art, program, time.perf_counter() - t,
+                                  sorted(k for k, v in blocked.items() if v)))
     return run
+
+
+def _blocked_plan(built) -> list[dict]:
+    """Per layer, which of A / residual / out stay blocked: an edge from one layer's output to
+    another's input whose layouts and shapes agree and neither side pads."""
+    made = {l.y: (k, art) for k, (l, art) in enumerate(built)}
+    plan = [{} for _ in built]
+    for k, (layer, art) in enumerate(built):
+        for name, var in (("A", layer.x), ("residual", layer.residual)):
+            src = made.get(var) if var is not None else None
+            if src is None or not (_unpadded(art, name) and _unpadded(src[1], "out")):
+                continue
+            want = art.ctx.layouts[[t.name for t in art.op.inputs].index(name)]
+            if want == src[1].out_layout:
+                plan[k][name] = True
+                plan[src[0]]["out"] = True
+    return plan
+
+
+def _to_nchw(yb, layer, art):
+    """Bindings of the NCHW var `layer.y` from its blocked var `yb` (for the CPU's users)."""
+    from tvm import relax
+
+    lay, shape = art.out_layout, [int(d) for d in layer.y.ty.shape]
+    names = [(d, p) for d in range(len(shape)) for p in (("o", "i") if d in lay.blocks
+                                                          else ("o",))]
+    perm = [lay.order.index(nm) for nm in names]
+    split = [int(art.out_layout.shape(shape)[i]) for i in perm]
+    t = relax.Var(f"{layer.y.name}_t", relax.TensorType(split, "int8"))
+    return [relax.VarBinding(t, relax.op.permute_dims(yb, perm)),
+            relax.VarBinding(layer.y, relax.op.reshape(t, shape))]
 
 
 def _program(op, machine, baseline: bool):
@@ -57,13 +112,14 @@ def _program(op, machine, baseline: bool):
     from .swap import _build
 
     art = _build(op, machine, None)
-    if baseline:
-        art = get_backend(machine.backend).baseline(op, art.machine) or art
-    return art
+    base = get_backend(machine.backend).baseline(op, art.machine) if baseline else None
+    return (base, "baseline") if base is not None else (art, "tsl")
 
 
 def partition(qmod, machine, baseline: bool = False) -> Partition:
-    """`qmod` with each VTA layer a call of its program on `machine` (see the module doc)."""
+    """`qmod` with each VTA layer a call of its program on `machine` (see the module doc);
+    between consecutive layers the activations stay in the programs' blocked layout
+    (`_blocked_plan`), converted to NCHW only where the CPU reads them."""
     import tvm
     from tvm import relax
 
@@ -72,21 +128,29 @@ def partition(qmod, machine, baseline: bool = False) -> Partition:
     machine = machine_for(machine)
     fn = relax.transform.ToNonDataflow()(qmod)["main"]
     layers, why = scan(fn)
-    swap, built = {}, []
-    for layer in layers:
-        art = _program(layer.op, machine, baseline)
+    built = [(layer, *_program(layer.op, machine, baseline)) for layer in layers]
+    plan = _blocked_plan([(l, a) for l, a, _ in built])
+    swap, blocked_var = {}, {}
+    for (layer, art, program), blocked in zip(built, plan):
         name = f"tsl.offload.layer{next(_ids)}"
-        tvm.register_global_func(name, _runner(layer, art), override=True)
-        built.append((layer, art))
-        out = relax.TensorType([int(d) for d in layer.y.ty.shape], "int8")
-        args = [layer.x] + ([layer.residual] if layer.residual is not None else [])
-        swap[layer.y] = relax.call_dps_packed(name, args, out)
-    blocks = [relax.BindingBlock([relax.VarBinding(b.var, swap.get(b.var, b.value))
-                                  for b in blk.bindings]) for blk in fn.body.blocks]
+        tvm.register_global_func(name, _runner(layer, art, program, blocked), override=True)
+        args = [blocked_var[v] if blocked.get(n) else v
+                for n, v in (("A", layer.x), ("residual", layer.residual)) if v is not None]
+        if blocked.get("out"):
+            shape = [int(d) for d in art.out_layout.shape(art.op.output.shape)]
+            yb = relax.Var(f"{layer.y.name}_blocked", relax.TensorType(shape, "int8"))
+            blocked_var[layer.y] = yb
+            swap[layer.y] = [relax.VarBinding(yb, relax.call_dps_packed(
+                name, args, relax.TensorType(shape, "int8")))] + _to_nchw(yb, layer, art)
+        else:
+            out = relax.TensorType([int(d) for d in layer.y.ty.shape], "int8")
+            swap[layer.y] = [relax.VarBinding(layer.y, relax.call_dps_packed(name, args, out))]
+    blocks = [relax.BindingBlock([nb for b in blk.bindings for nb in swap.get(b.var, [b])])
+              for blk in fn.body.blocks]
     f = relax.Function(fn.params, relax.SeqExpr(blocks, fn.body.body), fn.body.body.ty,
                        attrs=fn.attrs)
     mod = relax.transform.DeadCodeElimination()(tvm.IRModule({"main": f}))
-    return Partition(mod, built, why)
+    return Partition(mod, [(l, a) for l, a, _ in built], why)
 
 
 def offload_pipeline(machine, baseline: bool = False, reports: list | None = None):
@@ -150,9 +214,9 @@ def offload_report(qmod, machine) -> OffloadReport:
 def _stats(ran, wall) -> dict:
     from ..model import evaluate
 
-    per = [{"layer": str(layer.op), "cycles": art.estimate().cycles,
-            "model_cycles": evaluate(art.schedule).cycles, "sim_s": s}
-           for layer, art, s in ran]
+    per = [{"layer": str(layer.op), "program": program, "cycles": art.estimate().cycles,
+            "model_cycles": evaluate(art.schedule).cycles, "sim_s": s, "blocked": blocked}
+           for layer, art, program, s, blocked in ran]
     sim = sum(p["sim_s"] for p in per)
     return {"layers": per, "cycles": sum(p["cycles"] for p in per),
             "model_cycles": sum(p["model_cycles"] for p in per), "sim_s": sim,
