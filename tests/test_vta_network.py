@@ -209,7 +209,8 @@ def test_a_downsampling_block_fuses_its_add_into_the_main_path_conv_and_runs_bit
     class Block(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.c1, self.b1 = torch.nn.Conv2d(24, 40, 3, 2, 1, bias=False), torch.nn.BatchNorm2d(40)
+            self.c1 = torch.nn.Conv2d(24, 40, 3, 2, 1, bias=False)
+            self.b1 = torch.nn.BatchNorm2d(40)
             self.d, self.bd = torch.nn.Conv2d(24, 40, 1, 2, bias=False), torch.nn.BatchNorm2d(40)
 
         def forward(self, x):
