@@ -2,7 +2,11 @@
 architecture, seeded random weights and batch-norm statistics: no download) imported through
 torch.export + TVM's torch frontend, quantized with `tsl.relax.quantize` (power-of-two scales
 calibrated on seeded random images), then run with `tsl.relax.run_vta`: tsl's VTA programs and
-the classic TVM tiles for the same layers, both checked bit-exact against the CPU int8 path."""
+the classic TVM tiles for the same layers, both checked bit-exact against the CPU int8 path.
+The residual adds and relus run on VTA's ALU in the convs' epilogues; the first conv stays in
+float as in the classic flow (`row(..., skip_first=False)` puts it on VTA too). A machine
+without classic tiles (vta-1x32x32: they were published for 16-wide blocks) has no
+classic_cycles / speedup."""
 
 from __future__ import annotations
 

@@ -10,6 +10,12 @@ operator fusion: every fused PrimFunc that computes a matmul / linear / batch ma
 conv2d (with the bias add, relu and requantize after it) is recognized from its blocks
 (`tsl.relax.match`), built with tsl's schedule for the target's machine (or the best record of
 a tuning database) and swapped in (`tsl.relax.swap`); everything else is TVM's.
+
+For a machine whose back end runs a model's layers as calls of its own programs
+(`Backend.relax_offload`: VTA), `pipeline("vta")` partitions a quantized model instead
+(`tsl.relax.vta_run`), `tvm_target("vta")` is the host CPU's target, `report(mod, "vta")` says
+which layers go to the machine and why the rest stays on the CPU, and
+`run_vta(ex, x)` runs the compiled model with those layers in the simulator.
 """
 
 from __future__ import annotations

@@ -12,7 +12,11 @@ bias, relu, shifts, the residual add, the clip to int8) by a call of a packed fu
     y, stats = tsl.relax.run_vta(ex, x)
 
 runs the whole network; its logits are compared bit-exact with the same quantized model
-compiled for the CPU alone (its int8 path).
+compiled for the CPU alone (its int8 path). Between consecutive layers the activations stay in
+the programs' blocked layout (NCHW1n16c on vta-1x16x16: the block is the machine's), as the
+classic flow's graph pack; the simulated cycles of each program include its own DMA of them.
+Each layer's stats say which program ran it ("tsl", or "baseline": `Backend.baseline`, the
+classic TVM tiles on VTA) and which of its tensors stayed blocked.
 """
 
 from __future__ import annotations
