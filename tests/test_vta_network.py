@@ -195,6 +195,10 @@ def test_report_says_which_calls_go_to_vta_and_why_the_rest_stays_on_the_cpu(sma
     assert len(rep.layers) == 2 and "bias+shift+residual" in text, text
     assert "relax.nn.conv2d: float or non-constant weights" in text
     assert "mean x1: not in the vta-1x16x16 ISA" in text, text
+    # The CPU's casts: to int8 the float conv's output (conv 2's input and residual: one) and
+    # the pooling's; to float conv 2's and the head's outputs. The residual's cast in conv 2's
+    # chain is VTA's (LOAD ACC_8BIT).
+    assert "astype x4:" in text, text
 
 
 def test_a_downsampling_block_fuses_its_add_into_the_main_path_conv_and_runs_bit_exact():

@@ -97,6 +97,7 @@ def _chain(var, calls, users):
             bias = operand
         elif step.kind == "residual":
             res = operand
+            seen.append(next(a for a in c.args if not a.same_as(cur)))  # its int32 cast
         cur = u[0]
         seen.append(cur)
 
