@@ -60,7 +60,11 @@ class Backend(ABC):
     - `suite(quick)` -> the operators `python -m tsl.bench` runs on it;
     - `relax_options(machine)` -> the build options of a kernel inside a Relax model;
     - `tvm_target(machine)` -> the TVM Target a Relax model is compiled with for `machine`
-      (what `tsl.relax` asks, so the bridge names no back end).
+      (what `tsl.relax` asks, so the bridge names no back end);
+    - `relax_offload(machine)` -> True where a Relax model's layers run as calls of the back
+      end's programs in its simulator, the rest on the host CPU (`tsl.relax.run_vta`);
+    - `baseline(op, machine)` -> the artifact of the baseline program the back end is compared
+      with for `op` (VTA: the classic TVM tiles), or None.
 
     A back end imports nothing above this layer (no tsl.build, tsl.tune or tsl.bench).
     """
@@ -130,6 +134,16 @@ class Backend(ABC):
         kernels and TVM's own code both use the machine's instructions."""
         raise BackendUnavailable(f"machine {machine.name} ({self.name}) is not compiled through "
                                  f"TVM's Relax pipeline")
+
+
+    def relax_offload(self, machine: Machine) -> bool:
+        """True where `tsl.relax.pipeline(machine)` partitions a model: its layers become calls
+        of this back end's programs (run in its simulator), the rest compiles for the host."""
+        return False
+
+    def baseline(self, op, machine: Machine):
+        """The baseline program of `op` that rows compare with (None: no baseline)."""
+        return None
 
 
 def _load_ref(ref: str) -> Backend:

@@ -10,6 +10,12 @@ operator fusion: every fused PrimFunc that computes a matmul / linear / batch ma
 conv2d (with the bias add, relu and requantize after it) is recognized from its blocks
 (`tsl.relax.match`), built with tsl's schedule for the target's machine (or the best record of
 a tuning database) and swapped in (`tsl.relax.swap`); everything else is TVM's.
+
+For a machine whose back end runs a model's layers as calls of its own programs
+(`Backend.relax_offload`: VTA), `pipeline("vta")` partitions a quantized model instead
+(`tsl.relax.vta_run`), `tvm_target("vta")` is the host CPU's target, `report(mod, "vta")` says
+which layers go to the machine and why the rest stays on the CPU, and
+`run_vta(ex, x)` runs the compiled model with those layers in the simulator.
 """
 
 from __future__ import annotations
@@ -42,6 +48,11 @@ def pipeline(target, database=None, reports: list | None = None):
     receives the `Report` of each run."""
     import tvm
 
+    offload = _offload(target)
+    if offload is not None:  # a back end that runs the layers as calls of its programs
+        from .vta_run import offload_pipeline
+
+        return offload_pipeline(offload, reports=reports)
     tgt = tvm_target(target)
     before, after = _stages(tgt)
     swap = swap_pass(target, database, reports)
@@ -53,6 +64,19 @@ def pipeline(target, database=None, reports: list | None = None):
             return tvm.transform.Sequential(before + [swap] + vector + after)(mod)
 
     return _pipeline
+
+
+def _offload(target):
+    """The machine of `target` when its back end runs a model's layers as calls of its own
+    programs (`Backend.relax_offload`), else None."""
+    from ..backend import get_backend
+    from ..tam import Machine
+    from .targets import _tsl_name
+
+    if not (isinstance(target, Machine) or _tsl_name(target)):
+        return None
+    m = machine_for(target)
+    return m if get_backend(m.backend).relax_offload(m) else None
 
 
 def _vector_pass(target, tgt) -> list:
@@ -74,6 +98,11 @@ def report(mod, target, database=None) -> Report:
 
     from .swap import plan
 
+    offload = _offload(target)
+    if offload is not None:
+        from .vta_run import offload_report
+
+        return offload_report(mod, offload)
     tgt = tvm_target(target)
     before, _ = _stages(tgt)
     with tgt:

@@ -62,6 +62,16 @@ class VTABackend(Backend):
         be, host = resolve_target("cpu")
         return be.tvm_target(host)
 
+    def relax_offload(self, machine) -> bool:
+        """A Relax model's int8 layers run as calls of their VTA programs in the simulator."""
+        return True
+
+    def baseline(self, op, machine):
+        """The classic TVM tiles of `op` (`classic.build`) where the table has the layer."""
+        from . import classic
+
+        return classic.build(op, machine) if classic.knobs(op, machine) is not None else None
+
     def measure(self, art: VTAArtifact):
         """Simulated cycles (an `Estimate` of kind "simulated"): what `tsl.tune` minimizes."""
         return art.estimate()

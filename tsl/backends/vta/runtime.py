@@ -55,6 +55,16 @@ class VTAArtifact(Artifact):
         return str(self._program)
 
     def _execute(self, packed):
+        return _unpack(self.out_layout, self.simulate(packed), self.ctx.op.output.shape)
+
+    def unpack_output(self, y: np.ndarray) -> np.ndarray:
+        """`simulate`'s blocked output as `run` returns it (the operator's layout and shape)."""
+        return self.op.crop_output(_unpack(self.out_layout, y, self.ctx.op.output.shape))
+
+    def simulate(self, packed) -> np.ndarray:
+        """One run on inputs as `prepare` gives them (padded, in VTA's blocked layouts); the
+        output as the program stores it (the padded output in `out_layout`), so that a next
+        layer can read it as it is (`tsl.relax.vta_run`: no NCHW round trip between layers)."""
         prog = self._program
         dram = DRAM()
         args = {t.name: x for t, x in zip(self.ctx.op.inputs, packed)}
@@ -64,9 +74,7 @@ class VTAArtifact(Artifact):
         Simulator(prog.config).run(prog.insns, prog.uops, dram)
         out = self.ctx.op.output
         addr, nbytes = prog.dram[out.name]
-        shape = self.out_layout.shape(out.shape)
-        y = dram.read(addr, nbytes, np_dtype(out.dtype), shape)
-        return _unpack(self.out_layout, y, out.shape)
+        return dram.read(addr, nbytes, np_dtype(out.dtype), self.out_layout.shape(out.shape))
 
     def estimate(self) -> Estimate:
         """Cycles of the program under the cycle model of `timing.py` (no data needed: the
