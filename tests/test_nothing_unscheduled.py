@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tsl.relax
+import tsl.relax.schedule_rest
 from tsl.relax.schedule_rest import unscheduled
 
 torch = pytest.importorskip("torch", reason="the stand-in models are torch.nn modules "
@@ -108,3 +109,36 @@ def test_imported_stand_ins_leave_nothing_unscheduled_and_match_pytorch(name, fr
         want = model(torch.from_numpy(x)).numpy()
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
     assert err < 1e-4, err
+
+
+@pytest.mark.parametrize("target", ["tensorcore-sm80", "tensorcore-sm90"])
+@pytest.mark.parametrize("name", sorted(STAND_INS))
+def test_on_tensor_cores_dlight_binds_every_other_function_and_the_report_says_which(name, target,
+                                                                                      tmp_path):
+    model, x = _model(name)
+    mod = _imported(model, x, "torch", tmp_path)
+    rest = tsl.relax.schedule_rest.rest_schedules(mod, target)
+    assert rest and all(rule and rule.startswith("dlight.gpu.") for rule, _ in rest.values()), rest
+    rep = tsl.relax.report(mod, target)
+    taken = {d.function for d in rep.taken}
+    assert set(rep.rest) == set(rest) - taken and "UNSCHEDULED" not in str(rep)
+
+
+@pytest.mark.parametrize("name", sorted(STAND_INS))
+def test_the_stand_ins_compile_for_tensor_cores(name, tmp_path):
+    """No GPU here: the CUDA code is generated and compiled (nvcc), not run."""
+    import shutil
+
+    import tvm
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("generating the CUDA module needs the CUDA toolkit's nvcc on PATH")
+    model, x = _model(name)
+    mod = _imported(model, x, "torch", tmp_path)
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("tensorcore-sm90"),
+                     relax_pipeline=tsl.relax.pipeline("tensorcore-sm90"))
+    host = list(ex.mod.imports)
+    cuda = [m for m in host + [i for h in host for i in h.imports] if m.kind == "cuda"]
+    assert cuda, [m.kind for m in host]
+    source = cuda[0].inspect_source()
+    assert source.count("__global__") >= 2 and "blockIdx" in source

@@ -73,17 +73,22 @@ def _vector_pass(target, tgt) -> list:
 
 def report(mod, target, database=None) -> Report:
     """Which calls of `mod` tsl takes (operator, schedule, knobs) and which it leaves to TVM and
-    why, for `target`: TVM's legalization and fusion are run on a copy, then the bridge's
+    why, for `target`, and for every other function the rule that schedules it (`rest`: a tsl
+    vector rule on CPUs, a dlight GPU rule on Tensor Core targets; UNSCHEDULED when none): TVM's legalization and fusion are run on a copy, then the bridge's
     planning (the kernels are built; builds are cached for the compile that follows)."""
     import tvm
 
+    from .schedule_rest import rest_schedules
     from .swap import plan
 
     tgt = tvm_target(target)
     before, _ = _stages(tgt)
     with tgt:
         fused = tvm.transform.Sequential(before)(mod)
-    return plan(fused, machine_for(target), database)[1]
+    rep = plan(fused, machine_for(target), database)[1]
+    taken = {d.function for d in rep.taken}
+    rep.rest = {n: r for n, r in rest_schedules(mod, target).items() if n not in taken}
+    return rep
 
 
 __all__ = ["pipeline", "report", "quantize", "run_vta", "swap_pass", "fold_batch_norm", "machine_for", "tvm_target", "Report", "Decision"]

@@ -53,9 +53,10 @@ def window(func, facts):
 
 
 def _slides(block) -> bool:
-    """The output's innermost index is a spatial iter var (extent > 1) that also appears in the
-    innermost index of a read: a window sliding along the contiguous axis. A mean over H, W
-    (innermost index a reduction var) or a reduction to width 1 is not one (rowwise's)."""
+    """The output's innermost index is a spatial iter var (extent > 1) that, with a reduction
+    var, makes the innermost index of a read (`w * stride + rw`): a window sliding along the
+    contiguous axis. A matmul or 1x1 conv (`b[k, j]`, `x[.., w]`: no window), a mean over H, W
+    (innermost index a reduction var alone) or a reduction to width 1 is not one (rowwise's)."""
     from tvm import tirx
 
     if not block.writes[0].region:   # a scalar result
@@ -67,7 +68,9 @@ def _slides(block) -> bool:
     if iv is None or iv.iter_type != 0 or not _const_above(iv.dom.extent, 1):
         return False
     out = block.writes[0].source
+    window = [v.var for v in block.iter_vars if v.iter_type != 0]
     return any(r.region and _uses(r.region[-1].min, last)
+               and any(_uses(r.region[-1].min, rv) for rv in window)
                for r in block.reads if not r.source.same_as(out))
 
 
