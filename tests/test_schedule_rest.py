@@ -196,15 +196,17 @@ def _torch_window(op, stride, x, w, b):
 
 @pytest.mark.parametrize("op", ["depthwise", "maxpool", "avgpool"])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride):
-    """19 channels, 21 x 21 (odd, not a multiple of the lanes), stride 1 and 2, padding 1."""
+@pytest.mark.parametrize("size", [21, 37])
+def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride, size):
+    """19 channels, 21 x 21 (a row in one odd vector) and 37 x 37 (vectors of 16, the last one
+    predicated), stride 1 and 2, padding 1."""
     pytest.importorskip("torch", reason="the reference is PyTorch's conv2d / pooling")
     import tvm
     from tvm import relax
 
     import tsl.relax
 
-    mod = _window_module(op, stride)
+    mod = _window_module(op, stride, size=size)
     tgt = tsl.relax.tvm_target("cpu")
     with tgt:
         fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(mod)
@@ -213,7 +215,8 @@ def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride)
     assert any("T.parallel" in f.script() and "_update" in f.script() for f in prims)
     ex = tvm.compile(mod, target=tgt, relax_pipeline=tsl.relax.pipeline("cpu"))
     rng = np.random.default_rng(4)
-    x, w, b = (rng.standard_normal(s).astype("float32") for s in [(1, 19, 21, 21), (19, 1, 3, 3), (1, 19, 1, 1)])
+    x, w, b = (rng.standard_normal(s).astype("float32")
+               for s in [(1, 19, size, size), (19, 1, 3, 3), (1, 19, 1, 1)])
     vm = relax.VirtualMachine(ex, tvm.cpu())
     args = (x, w, b)
     got = vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
