@@ -1,6 +1,7 @@
 """schedule_rest's vector rules: scheduled functions compute what the unscheduled ones do."""
 
 import numpy as np
+import pytest
 
 from tsl.relax.schedule_rest import schedule_rest
 from tsl.schedules.vector import VectorFacts
@@ -147,7 +148,8 @@ def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
     tgt = tsl.relax.tvm_target("cpu")
     with tgt:
         fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(Mod)
-    assert "_rf" in fused["softmax"].script()   # the max and sum run in vector partial sums
+    text = fused["fast_softmax"].script()   # exp is TVM's polynomial fast_exp: it vectorizes
+    assert "_rf" in text and "T.exp" not in text   # the max and sum run in vector partial sums
     ex = tvm.compile(Mod, target=tgt, relax_pipeline=tsl.relax.pipeline("cpu"))
     rng = np.random.default_rng(3)
     x, g, b = (rng.standard_normal(s).astype("float32") for s in [(7, 64), (64,), (64,)])
@@ -156,3 +158,66 @@ def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
     np.testing.assert_allclose(s.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5)
     mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
     np.testing.assert_allclose(n.numpy(), (x - mu) / np.sqrt(var + 1e-5) * g + b, rtol=1e-4, atol=1e-5)
+
+
+def _window_module(op: str, stride: int, channels: int = 19, size: int = 21):
+    from tvm import relax
+    from tvm.script import relax as R
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    w = relax.Var("w", relax.TensorType((channels, 1, 3, 3), "float32"))
+    b = relax.Var("b", relax.TensorType((1, channels, 1, 1), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            if op == "depthwise":
+                y = bb.emit(R.nn.conv2d(x, w, strides=stride, padding=1, groups=channels))
+                y = bb.emit(R.clip(R.add(y, b), 0, 6))
+            elif op == "maxpool":
+                y = bb.emit(R.nn.max_pool2d(x, pool_size=3, strides=stride, padding=1))
+            else:
+                y = bb.emit(R.nn.avg_pool2d(x, pool_size=3, strides=stride, padding=1))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _torch_window(op, stride, x, w, b):
+    import torch
+
+    t = torch.from_numpy
+    if op == "depthwise":
+        y = torch.nn.functional.conv2d(t(x), t(w), stride=stride, padding=1, groups=x.shape[1])
+        return torch.clamp(y + t(b), 0, 6).numpy()
+    if op == "maxpool":
+        return torch.nn.functional.max_pool2d(t(x), 3, stride, 1).numpy()
+    return torch.nn.functional.avg_pool2d(t(x), 3, stride, 1, count_include_pad=False).numpy()
+
+
+@pytest.mark.parametrize("op", ["depthwise", "maxpool", "avgpool"])
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("size", [21, 37])
+def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride, size):
+    """19 channels, 21 x 21 (a row in one odd vector) and 37 x 37 (vectors of 16, the last one
+    predicated), stride 1 and 2, padding 1."""
+    pytest.importorskip("torch", reason="the reference is PyTorch's conv2d / pooling")
+    import tvm
+    from tvm import relax
+
+    import tsl.relax
+
+    mod = _window_module(op, stride, size=size)
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(mod)
+    prims = [f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    # the window schedule: planes parallel, the accumulation a vector of output columns
+    assert any("T.parallel" in f.script() and "_update" in f.script() for f in prims)
+    ex = tvm.compile(mod, target=tgt, relax_pipeline=tsl.relax.pipeline("cpu"))
+    rng = np.random.default_rng(4)
+    x, w, b = (rng.standard_normal(s).astype("float32")
+               for s in [(1, 19, size, size), (19, 1, 3, 3), (1, 19, 1, 1)])
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    args = (x, w, b)
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
+    np.testing.assert_allclose(got, _torch_window(op, stride, x, w, b), rtol=1e-5, atol=1e-5)

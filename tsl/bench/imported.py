@@ -110,9 +110,12 @@ def _party_tsl(name, frontend, work, rounds, profile) -> tuple[dict, np.ndarray]
 
     import tsl.relax
 
+    from tsl.relax.schedule_rest import unscheduled
+
     # No thread set-up of its own: tsl.relax.tvm_target("cpu") sizes TVM's pool to the cores
     # (TVM's default is half the logical CPUs on x86), as it does for any user.
     mod, x = relax_module(name, frontend, work)
+    left = [f"{n}: {why}" for n, why in unscheduled(mod, "cpu")]
     t0 = time.perf_counter()
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
                      relax_pipeline=tsl.relax.pipeline("cpu"))
@@ -126,7 +129,7 @@ def _party_tsl(name, frontend, work, rounds, profile) -> tuple[dict, np.ndarray]
     seconds = median_call(call, rounds)
     out = call()
     out = out if hasattr(out, "numpy") else out[0]
-    info = {"seconds": seconds, "compile_s": compile_s}
+    info = {"seconds": seconds, "compile_s": compile_s, "unscheduled": left}
     if profile:
         prof = _Profile()
         vm.set_instrument(tvm.runtime.convert(prof) if hasattr(tvm.runtime, "convert")
@@ -232,6 +235,7 @@ def run(models=MODELS, frontends=("torch", "onnx"), rounds: int = 20, profile: b
                     if ref is not None and p != "torch":
                         row[f"{p}_rel_err"] = _rel_err(info["output"], ref)
                 row["compile_s"] = t.get("compile_s")
+                row["unscheduled"] = t.get("unscheduled")
                 if profile and "profile" in t:
                     row["profile_ms"] = {k: v * 1e3 for k, v in t["profile"].items()}
                 rows.append(row)
@@ -253,6 +257,8 @@ def format_rows(rows) -> str:
                    f"{_fmt(p / t if t and p else None, '8.2f')}x"
                    f"{_fmt(r.get('tsl_rel_err'), '9.1e')}{_fmt(r.get('ort_rel_err'), '9.1e')}"
                    f"{_fmt(r.get('compile_s'), '10.1f')}")
+        if r.get("unscheduled") is not None:   # functions neither tsl kernel nor vector rule took
+            out.append(f"    unscheduled functions: {', '.join(r['unscheduled']) or 'none'}")
         for p in PARTIES:
             if f"{p}_error" in r:
                 out.append(f"    {p} failed: {r[p + '_error']}")

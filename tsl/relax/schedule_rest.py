@@ -32,22 +32,61 @@ def schedule_rest(facts: VectorFacts, left: list | None = None):
 
 
 def unscheduled(mod, target) -> list[tuple[str, str]]:
-    """(function, why) for every PrimFunc of `mod` that neither a tsl kernel nor a vector rule
-    takes on `target`: TVM's legalization and fusion are run on a copy, then the vector rules."""
+    """(function, why) for every PrimFunc of `mod` that neither a tsl kernel nor a rule for the
+    rest takes on `target` (see `rest_schedules`)."""
+    return [(name, why) for name, (rule, why) in rest_schedules(mod, target).items()
+            if rule is None]
+
+
+def rest_schedules(mod, target) -> dict[str, tuple[str | None, str]]:
+    """function -> (rule, note) for every PrimFunc of `mod` after TVM's legalization and fusion
+    (run on a copy): on CPU targets the tsl vector rule that takes it, on CUDA targets the dlight
+    GPU rule TVM's CUDA pipeline applies (its result checked to be bound to GPU threads). A rule
+    of None: nothing takes the function, the note says why."""
     import tvm
 
-    from . import _stages, _vector_pass, tvm_target
+    from . import _stages, tvm_target
 
     tgt = tvm_target(target)
-    left: list = []
     with tgt:
         fused = tvm.transform.Sequential(_stages(tgt)[0])(mod)
-        if not _vector_pass(target, tgt):
-            return [(gv.name_hint, f"no vector schedule for {tgt.kind.name} targets yet")
-                    for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
-        from ..backend import get_backend
-        from .targets import machine_for
+    prims = [(gv.name_hint, f) for gv, f in fused.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc)]
+    if tgt.kind.name == "cuda":
+        return {name: _dlight_rule(f, tgt) for name, f in prims}
+    if tgt.kind.name != "llvm":
+        return {name: (None, f"no schedule for {tgt.kind.name} targets yet") for name, _ in prims}
+    facts = _facts(target)
+    return {name: _vector_rule(f, facts) for name, f in prims}
 
-        m = machine_for(target)
-        schedule_rest(get_backend(m.backend).vector_facts(m), left)(fused)
-    return left
+
+def _facts(target) -> VectorFacts:
+    from ..backend import get_backend
+    from .targets import machine_for
+
+    m = machine_for(target)
+    return get_backend(m.backend).vector_facts(m)
+
+
+def _vector_rule(func, facts):
+    for rule in RULES:
+        if rule(func, facts) is not None:
+            return rule.__name__, ""
+    return None, "no vector rule matches its blocks"
+
+
+def _dlight_rule(func, tgt):
+    """The first of TVM's CUDA pipeline rules (`relax.backend.cuda.pipeline.legalize_passes`, in
+    its order) that schedules `func`, with its threads bound."""
+    from tvm.s_tir import dlight as dl
+
+    for rule in (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                 dl.gpu.Fallback()):
+        space = rule.apply(func.with_attr("target", tgt), tgt, False)
+        if space is None:
+            continue
+        sch = space if not isinstance(space, list) else space[0]
+        if "blockIdx" not in sch.mod["main"].script():
+            return None, f"dlight {type(rule).__name__} left it unbound to GPU threads"
+        return f"dlight.gpu.{type(rule).__name__}", ""
+    return None, "no dlight GPU rule matches its blocks"

@@ -52,6 +52,7 @@ class Report:
     machine: str
     decisions: list = field(default_factory=list)
     other: list = field(default_factory=list)  # reductions that are not GEMM/conv (TVM's)
+    rest: dict = field(default_factory=dict)  # function -> (rule, why) for the non-tsl ones
 
     @property
     def taken(self) -> list:
@@ -66,7 +67,9 @@ class Report:
                 f"{len(self.left)} GEMM/conv-like left to TVM")
         other = (["  (other reductions, TVM's: " + ", ".join(self.other) + ")"]
                  if self.other else [])
-        return "\n".join([head] + [d.row() for d in self.decisions] + other)
+        rest = [f"  rest {n}: {rule}" if rule else f"  UNSCHEDULED {n}: {why}"
+                for n, (rule, why) in self.rest.items()]
+        return "\n".join([head] + [d.row() for d in self.decisions] + other + rest)
 
 
 _BUILDS: dict = {}

@@ -8,13 +8,19 @@ Rules (so far):
 - `injective`: spatial blocks only (element-wise / broadcast / layout glue, fused chains of them:
   the producers are inlined into the last block). Its loops are fused,
   split into (cores-parallel outer, lanes-vectorized inner), like TVM's `parallel` + `vectorize`.
-- `rowwise`: blocks with reductions (softmax, layer_norm, mean, pooling): each block's rows run
-  parallel, its all-spatial blocks vectorized along the innermost loop.
+- `window` (tsl.schedules.window): one sliding-window reduction (depthwise / grouped conv2d,
+  max / avg pooling) with its padding and epilogue: (n, c) planes parallel, output columns in
+  vectors.
+- `rowwise`: blocks with reductions (softmax, layer_norm, mean, global pooling): each block's
+  leading spatial loops fused and run parallel, reductions along the contiguous axis in lanes
+  partial sums, all-spatial blocks vectorized along the innermost loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .window import window
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ def injective(func, facts: VectorFacts):
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
-    blocks = sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []
+    blocks = root_blocks(sch)
     if not blocks or not all(_spatial_only(sch, b) for b in blocks):
         return None
     # A fused chain (add -> relu): every producer is inlined into the last block, as TVM fused them.
@@ -69,7 +75,7 @@ def rowwise(func, facts: VectorFacts):
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
-    blocks = sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []
+    blocks = root_blocks(sch)
     if not blocks:
         return None
     for b in blocks:
@@ -77,17 +83,34 @@ def rowwise(func, facts: VectorFacts):
         kinds = [iv.iter_type for iv in sch.get(b).iter_vars]
         if not loops or kinds[0] != 0:
             return None
+        rows = _row_loops(kinds, len(loops))
         lanes = facts.lanes(_dtype_bits(sch.get(b).writes[0].source.dtype))
         if len(loops) > 1 and all(k == 0 for k in kinds):
-            sch.parallel(loops[0])
             _, inner = sch.split(loops[-1], factors=[None, lanes])
             sch.vectorize(inner)
-        elif not _vector_reduce(sch, b, lanes):
-            sch.parallel(loops[0])
+            _parallel_rows(sch, b, rows)
+        elif not _vector_reduce(sch, b, lanes, rows):
+            _parallel_rows(sch, b, rows)
     return sch
 
 
-def _vector_reduce(sch, block, lanes: int) -> bool:
+def _row_loops(kinds: list, n_loops: int) -> int:
+    """How many outer loops are rows: the leading spatial iter vars (a batch of 1 and the
+    sequence of (1, 128, 768) are both rows), the innermost loop kept for the vector. A block
+    whose loops do not follow its iter vars one to one (not TE's shape) gets its outermost."""
+    if n_loops != len(kinds):
+        return 1
+    lead = next((i for i, k in enumerate(kinds) if k != 0), len(kinds))
+    return max(1, min(lead, n_loops - 1))
+
+
+def _parallel_rows(sch, block, rows: int):
+    """Fuse the block's `rows` outer loops into one and run it parallel over the cores."""
+    loops = sch.get_loops(block)[:rows]
+    sch.parallel(sch.fuse(*loops) if len(loops) > 1 else loops[0])
+
+
+def _vector_reduce(sch, block, lanes: int, rows: int) -> bool:
     """Reduce along the contiguous (innermost) axis in `lanes` partial sums (rfactor): the partial
     block is vectorized over the lanes, the lanes are then summed per row. LLVM will not vectorize
     a float reduction itself (it may not reassociate). False when the loop does not split evenly
@@ -103,19 +126,18 @@ def _vector_reduce(sch, block, lanes: int) -> bool:
         rf = sch.rfactor(ki, factor_axis=len(loops) - 1)
     except ScheduleError:
         return False
-    rf_loops = sch.get_loops(rf)
-    sch.parallel(rf_loops[0])
-    sch.vectorize(rf_loops[-1])
-    sch.parallel(sch.get_loops(block)[0])
+    sch.vectorize(sch.get_loops(rf)[-1])
+    _parallel_rows(sch, rf, rows)
+    _parallel_rows(sch, block, rows)
     return True
 
 
-def _has_root(sch) -> bool:
+def root_blocks(sch) -> list:
+    """The blocks directly under the function's root block ([] when it has none)."""
     try:
-        sch.get_sblock("root")
-        return True
+        return sch.get_child_blocks(sch.get_sblock("root"))
     except Exception:   # noqa: BLE001 — TVM raises a plain ScheduleError when absent
-        return False
+        return []
 
 
 def _dtype_bits(dtype) -> int:
@@ -123,4 +145,4 @@ def _dtype_bits(dtype) -> int:
     return tvm.runtime.DataType(str(dtype)).bits
 
 
-RULES = (injective, rowwise)
+RULES = (injective, window, rowwise)

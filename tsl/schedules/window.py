@@ -1,0 +1,162 @@
+"""Sliding-window reductions on the vector unit: depthwise and grouped conv2d, max/avg pooling.
+
+One reduction block whose output's innermost axis slides over its input's innermost axis
+(`pad[.., w * stride + rw]`), with spatial producers (the padding) before it and spatial
+consumers (bias / BN scale, relu6, the average's divide) after it. These are not GEMMs: each
+output channel reads one input channel (or one group), so the GEMM primitive gains nothing; they
+run on the vector unit instead, as ONNX Runtime's depthwise kernels do:
+
+    for n, c  (fused, parallel over the cores)
+        pad the (n, c) plane once                      (the padding producer, computed here)
+        for h, w.o
+            acc[w.i] = 0                              (w.i: one vector of output columns)
+            for r..  acc[w.i] += pad[h*s + rh, w*s + rw] * k[c, rh, rw]   (vectorized w.i)
+            out[n, c, h, w] = epilogue(acc[w.i])      (the fused consumers, vectorized w.i)
+
+Names no back end: `lanes` and `cores` come from `VectorFacts`.
+"""
+
+from __future__ import annotations
+
+
+UNROLL = 7
+"""Window loops up to this extent are unrolled (kernels up to 7 x 7)."""
+
+
+def window(func, facts):
+    """Schedule a sliding-window reduction PrimFunc (see the module docstring); None when
+    `func` is not one (no single reduction, or its output's innermost axis does not slide over
+    the input's), or when TVM refuses a step (the next rule then gets it)."""
+    from tvm import s_tir
+    from tvm.s_tir.schedule import ScheduleError
+
+    from .vector import _dtype_bits, _spatial_only, root_blocks
+
+    sch = s_tir.Schedule(func)
+    blocks = root_blocks(sch)
+    reds = [b for b in blocks if not _spatial_only(sch, b)]
+    if len(reds) != 1 or not _slides(sch.get(reds[0])):
+        return None
+    red = reds[0]
+    at = blocks.index(red)
+    try:
+        last = _fold_consumers(sch, red, blocks[at + 1:])
+        lanes = facts.lanes(_dtype_bits(sch.get(last).writes[0].source.dtype))
+        plane, w_outer = _output_nest(sch, last, lanes)
+        sch.compute_at(red, w_outer, preserve_unit_loops=True)
+        _vectorize_accumulation(sch, red)
+        for b in reversed(blocks[:at]):
+            _stage_producer(sch, b, plane)
+    except ScheduleError:
+        return None
+    return sch
+
+
+def _slides(block) -> bool:
+    """The output's innermost index is a spatial iter var (extent > 1) that, with a reduction
+    var, makes the innermost index of a read (`w * stride + rw`): a window sliding along the
+    contiguous axis. A matmul or 1x1 conv (`b[k, j]`, `x[.., w]`: no window), a mean over H, W
+    (innermost index a reduction var alone) or a reduction to width 1 is not one (rowwise's)."""
+    from tvm import tirx
+
+    if not block.writes[0].region:   # a scalar result
+        return False
+    last = block.writes[0].region[-1].min
+    if not isinstance(last, tirx.Var):
+        return False
+    iv = next((v for v in block.iter_vars if v.var.same_as(last)), None)
+    if iv is None or iv.iter_type != 0 or not _const_above(iv.dom.extent, 1):
+        return False
+    out = block.writes[0].source
+    window = [v.var for v in block.iter_vars if v.iter_type != 0]
+    return any(r.region and _uses(r.region[-1].min, last)
+               and any(_uses(r.region[-1].min, rv) for rv in window)
+               for r in block.reads if not r.source.same_as(out))
+
+
+def _const_above(extent, n: int) -> bool:
+    return hasattr(extent, "value") and extent.value > n
+
+
+def _uses(expr, var) -> bool:
+    from tvm import tirx
+
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+
+
+def _fold_consumers(sch, red, consumers: list):
+    """Inline the element-wise chain after the reduction into its last block and return that
+    block; with no consumer, a copy-out block is made (the reduction then accumulates locally)."""
+    if not consumers:
+        return _copy_out(sch, red)
+    for b in consumers[:-1]:
+        sch.compute_inline(b)
+    return consumers[-1]
+
+
+def _copy_out(sch, red):
+    """A block writing the reduction's output from a local accumulator (`cache_write`)."""
+    sch.cache_write(red, 0, "local")
+    return sch.get_consumers(red)[0]
+
+
+def _output_nest(sch, last, lanes: int):
+    """Shape the output block's loops: all but the two innermost fused and parallel (one (n, c)
+    plane per task), the innermost split into vectors of output columns. Returns the plane loop
+    and the outer column loop."""
+    loops = sch.get_loops(last)
+    if len(loops) < 2:
+        from tvm.s_tir.schedule import ScheduleError
+        raise ScheduleError("a window output needs at least rows and columns")
+    plane = sch.fuse(*loops[:-2]) if len(loops) > 2 else loops[0]
+    sch.parallel(plane)
+    width = sch.get(loops[-1]).extent.value
+    w_outer, w_inner = sch.split(loops[-1], factors=[None, vector_width(width, lanes)])
+    sch.vectorize(w_inner)
+    return plane, w_outer
+
+
+def vector_width(width: int, lanes: int) -> int:
+    """Output columns per vector: the whole row when it fits in two registers (14, 28 on 16
+    lanes: LLVM splits the odd vector itself), else the largest power of two from `lanes` down
+    to `lanes / 4` that divides the row (56 -> 8), else `lanes` (the last vector is then
+    predicated)."""
+    if width <= 2 * lanes:
+        return width
+    for v in (lanes, lanes // 2, lanes // 4):
+        if v > 1 and width % v == 0:
+            return v
+    return lanes
+
+
+def _vectorize_accumulation(sch, red):
+    """Under the column loop the reduction's loops are (spatial.., reduction..): put the vector of
+    output columns innermost, zero it in a block of its own, vectorize both."""
+    kinds = [iv.iter_type for iv in sch.get(red).iter_vars]
+    loops = sch.get_loops(red)[-len(kinds):]
+    spatial = [lp for lp, k in zip(loops, kinds) if k == 0]
+    reduce = [lp for lp, k in zip(loops, kinds) if k != 0]
+    sch.reorder(*reduce, spatial[-1])
+    sch.vectorize(spatial[-1])   # before the init is split off: TVM checks a complete reduction
+    for lp in reduce[1:]:        # the kernel window (3 x 3): unrolled, the accumulator stays
+        if _const_above(sch.get(lp).extent, 0) and sch.get(lp).extent.value <= UNROLL:
+            sch.unroll(lp)       # in registers
+    sch.decompose_reduction(red, reduce[0])
+
+
+def _stage_producer(sch, block, plane):
+    """The padding: computed per (n, c) plane inside the parallel loop (once per plane, in cache),
+    split into a fill of the border and a copy of the interior (`decompose_padding`) so that both
+    vectorize (a copy with an in-bounds test per element does not). Left at the root when TVM
+    cannot place it there."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    try:
+        sch.compute_at(block, plane, preserve_unit_loops=True)
+    except ScheduleError:
+        return
+    parts = [block]
+    if sch.can_decompose_padding(block, sch.get_loops(block)[1]):
+        parts.append(sch.decompose_padding(block, sch.get_loops(block)[1]))
+    for b in parts:
+        sch.vectorize(sch.get_loops(b)[-1])
