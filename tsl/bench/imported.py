@@ -109,7 +109,6 @@ def _party_tsl(name, frontend, work, rounds, profile) -> tuple[dict, np.ndarray]
     from tvm import relax
 
     import tsl.relax
-
     from tsl.relax.schedule_rest import unscheduled
 
     # No thread set-up of its own: tsl.relax.tvm_target("cpu") sizes TVM's pool to the cores
