@@ -55,20 +55,25 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
     operator's default schedule) and `knobs`: values for the schedule's knobs, or a
     `tsl.tune.Database`, whose best record for (operator, machine, schedule) is used; with no
     record there, the schedule's defaults are, and a warning says so."""
-    if isinstance(op, Family):
-        # Shape-generic compilation (#25 step 2) is not built yet: say so instead of failing
-        # somewhere inside the lowering on a missing shape.
-        raise ScheduleError(f"{op} has symbolic dims {sorted(op.syms)}: tsl cannot compile one "
-                            f"module for a whole range yet; build op.at(...) for each value")
     backend, machine = resolve_target(target)
     why = backend.unavailable(machine, backend.options(**options))
     if why:
         raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
+    if isinstance(op, Family):
+        return _build_family(op, backend, machine, schedule, knobs, options)
     if hasattr(knobs, "best_for"):
         knobs = tuned_knobs(knobs, op, machine, schedule or default_schedule(op.name))
     s = record(op, machine, schedule, knobs)
     s.as_written = schedule is not None or bool(knobs)
     return backend.build(s, **options)
+
+
+def _build_family(fam: Family, backend, machine: Machine, fn, knobs, options):
+    """A family (symbolic dims): micro-kernels over the symbol's range and a run-time
+    dispatch (tsl.dynamic)."""
+    from .dynamic import build_family
+
+    return build_family(fam, backend, machine, fn, knobs, **options)
 
 
 def tuned_knobs(db, op: Operator, machine: Machine, fn: Callable) -> dict | None:
