@@ -40,13 +40,24 @@ def test_bind_packs_the_weights_once_for_every_kernel():
 
 
 def test_values_above_the_top_kernel_run_in_chunks(monkeypatch):
-    monkeypatch.setattr(plan, "CHUNK_TOP", 8)
-    fam = tsl.ops.matmul(sym("m", upper=45), 24, 40)
+    # conv2d's batch can be cut but is not a GEMM's rows: per-value kernels, then chunks
+    monkeypatch.setattr(plan, "CHUNK_TOP", 4)
+    fam = tsl.ops.conv2d(sym("m", upper=11), 4, 6, 6, 8, 3, 3, padding=1)
     art = tsl.build(fam, "cpu")
-    assert max(k.value for k in art.kernels) == 8
-    assert len(art.pieces(45)) == 6  # five chunks of 8 and the rest, padded
-    for m in (3, 8, 9, 30, 45):
+    assert max(k.value for k in art.kernels) == 4 and not any(k.block for k in art.kernels)
+    assert [take for _, take in art.pieces(11)] == [4, 4, 3]
+    for m in (3, 5, 11):
         _check(art, fam, m, seed=m)
+
+
+def test_gemm_rows_are_a_run_time_argument_padded_only_to_the_block():
+    fam = tsl.ops.matmul(sym("m", upper=300), 24, 40)
+    art = tsl.build(fam, "cpu")
+    assert all(k.block for k in art.kernels)
+    assert len(art.kernels) <= 12 and all(len(art.pieces(m)) == 1 for m in (1, 77, 300))
+    for m in (1, 3, 8, 9, 77, 129, 255, 300):
+        _check(art, fam, m, seed=m)
+    assert "padded to whole blocks of" in art.dispatch()
 
 
 def test_a_symbol_in_several_axes_is_padded_not_cut():

@@ -15,9 +15,14 @@ from typing import Callable
 from ..errors import ScheduleError
 from ..model import evaluate
 from ..ops.sym import Family
-from . import plan
+from ..schedules import default_schedule
+from . import microkernel, plan, symbolic
 from .artifact import DynamicArtifact, DynamicBound
 from .shape import Dims, dims_of
+
+# Kernels with run-time rows cover any value, so the ladder's ranges stop doubling here:
+# one more range above serves every larger value (its kernel chosen over all of them).
+SYMBOLIC_TOP = 512
 
 __all__ = ["DynamicArtifact", "DynamicBound", "build_family", "kernels_for", "rungs"]
 
@@ -59,7 +64,10 @@ def fam_symbol(fam: Family) -> str:
 def build_family(fam: Family, backend, machine, fn: Callable | None = None, knobs=None,
                  values: list[int] | None = None, **options) -> DynamicArtifact:
     """Compile `fam` once for the whole range of its symbol (see the module's text)."""
+    fn = fn or default_schedule(fam.name)
     dims, ladder = rungs(fam, machine, fn)
+    if runtime_rows(fam, backend, dims, options):
+        return _build_symbolic(fam, backend, machine, fn, knobs, dims, values)
     values = sorted(values or ladder)
     if values[-1] < dims.symbol.upper and dims.chunk_axis is None:
         raise ScheduleError(f"{fam}: the kernels cover {dims.symbol.name} up to {values[-1]}, "
@@ -70,3 +78,40 @@ def build_family(fam: Family, backend, machine, fn: Callable | None = None, knob
     for n in sorted(tab.used()):
         kernels[n].artifact = backend.build(kernels[n].schedule, **options)
     return DynamicArtifact(fam, dims, kernels, tab)
+
+
+def runtime_rows(fam: Family, backend, dims: Dims, options: dict) -> bool:
+    """Whether the symbol can be the kernels' run-time row count: a GEMM's rows, on a back
+    end that compiles such kernels, with no build options it would have to honour."""
+    return (dims.chunk_axis is not None and symbolic.supports(fam.upper(), dims.chunk_axis)
+            and hasattr(backend, "build_symbolic") and not options)
+
+
+def _build_symbolic(fam, backend, machine, fn, knobs, dims: Dims, values) -> DynamicArtifact:
+    """Kernels with run-time rows, one per range of a doubling ladder (`microkernel`)."""
+    from ..backend import get_backend
+    from ..errors import BackendUnavailable
+
+    try:
+        check = get_backend(machine.backend).check
+    except BackendUnavailable:
+        check = None
+    sym = dims.symbol
+    ladder = values or plan.ladder(min(sym.upper, SYMBOLIC_TOP), 1, True, ratio=2)
+    given = knobs if knobs and not all(isinstance(k, int) for k in knobs) else None
+    kernels = microkernel.kernels(fam, machine, fn, sorted(ladder), sym.upper, given, check)
+    if knobs and given is None:  # tuned knobs per range top
+        kernels = [_fixed_kernel(fam, machine, fn, k, knobs[k.value]) if k.value in knobs
+                   else k for k in kernels]
+    rows = [d[0] if d else None for d in dims.inputs]
+    for k in kernels:
+        k.artifact = backend.build_symbolic(k.schedule, k.block, rows, dims.output[0])
+    return DynamicArtifact(fam, dims, kernels, microkernel.table(fam, kernels))
+
+
+def _fixed_kernel(fam, machine, fn, k: plan.Kernel, knobs: dict) -> plan.Kernel:
+    from ..build import record
+
+    s = record(fam.at(**{fam_symbol(fam): k.value}), machine, fn, knobs)
+    s.as_written = True
+    return plan.Kernel(k.value, s, evaluate(s).seconds, block=symbolic.row_block(s), fn=fn)

@@ -37,6 +37,8 @@ class Kernel:
     schedule: Schedule
     seconds: float  # the cost model's time of one call
     artifact: object = None  # the back end's artifact, once compiled
+    block: int = 0  # > 0: rows are a run-time argument, padded to this (any value runs)
+    fn: object = None  # the schedule function (to price the knobs at other values)
 
     @property
     def knobs(self) -> dict:
@@ -57,7 +59,7 @@ class Range:
 @dataclass
 class Table:
     ranges: list[Range]
-    seconds: list[float] = field(repr=False)  # model time per value (index = value)
+    seconds: object = field(repr=False)  # model time per value: a list, or v -> seconds
 
     def __post_init__(self):
         self._los = [r.lo for r in self.ranges]
@@ -65,18 +67,21 @@ class Table:
     def at(self, v: int) -> Range:
         return self.ranges[bisect.bisect_right(self._los, v) - 1]
 
+    def price(self, v: int) -> float:
+        return self.seconds(v) if callable(self.seconds) else self.seconds[v]
+
     def used(self) -> set[int]:
         return {r.kernel for r in self.ranges}
 
 
-def ladder(upper: int, granule: int, chunkable: bool) -> list[int]:
-    """Rungs: granule x 1, 1.5, 2, 3, 4, 6, ... up to the bound, or to CHUNK_TOP granules when
-    values can be cut; the bound itself when below that."""
+def ladder(upper: int, granule: int, chunkable: bool, ratio: float = 1.5) -> list[int]:
+    """Rungs: granule x 1, 1.5, 2, 3, 4, 6, ... (`ratio` 2: x 1, 2, 4, ...) up to the bound,
+    or to CHUNK_TOP granules when values can be cut; the bound itself when below that."""
     top = min(upper, granule * CHUNK_TOP) if chunkable else upper
     rungs, p = set(), 1
     while granule * p < top:
         rungs.add(granule * p)
-        if granule * p * 3 // 2 < top:
+        if ratio < 2 and granule * p * 3 // 2 < top:
             rungs.add(granule * p * 3 // 2)
         p *= 2
     rungs.add(top)
@@ -129,13 +134,15 @@ def describe(tab: Table, kernels: list[Kernel], name: str) -> str:
              f"{CALL_SECONDS * 1e6:.0f} us per call)"]
     for n, k in enumerate(kernels):
         mark = "" if n in tab.used() else "  (not used: never the cheapest)"
-        lines.append(f"  kernel {n}: {name}={k.value}, {k.seconds * 1e3:.4f} ms, knobs "
-                     f"{k.knobs}{mark}")
+        rows = f" (any {name}: padded to blocks of {k.block})" if k.block else ""
+        lines.append(f"  kernel {n}: chosen at {name}={k.value}{rows}, "
+                     f"{k.seconds * 1e3:.4f} ms there, knobs {k.knobs}{mark}")
     for r in tab.ranges:
         k = kernels[r.kernel]
         how = (f"kernel {r.kernel} on {k.value}, the rest by this table" if r.chunk
+               else f"kernel {r.kernel}, padded to whole blocks of {k.block}" if k.block
                else f"kernel {r.kernel}, padded to {name}={k.value}")
         span = f"[{r.lo}, {r.hi}]" if r.lo != r.hi else f"{r.lo}"
-        lines.append(f"  {name} in {span}: {how}; model {tab.seconds[r.lo] * 1e3:.4f}"
-                     f"..{tab.seconds[r.hi] * 1e3:.4f} ms")
+        lines.append(f"  {name} in {span}: {how}; model {tab.price(r.lo) * 1e3:.4f}"
+                     f"..{tab.price(r.hi) * 1e3:.4f} ms")
     return "\n".join(lines)

@@ -46,6 +46,13 @@ class CPUBackend(Backend):
                            codegen.compile_module(ctx.sch.mod, schedule.machine, options.cross),
                            options.cross)
 
+    def build_symbolic(self, schedule, block: int, row_dims, out_dim: int):
+        """A kernel of `schedule` whose rows are a run-time multiple of `block`
+        (`tsl.dynamic.symbolic`)."""
+        from .symbolic import SymbolicCPUKernel
+
+        return SymbolicCPUKernel(schedule, block, row_dims, out_dim)
+
     def measure(self, art: CPUArtifact, rounds: int = 5):
         """The time of a run on random inputs (an `Estimate` of kind "measured"): the best of
         `rounds` short timings, since other processes only ever add time (on a loaded
