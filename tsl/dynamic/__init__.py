@@ -20,9 +20,10 @@ from . import microkernel, plan, symbolic
 from .artifact import DynamicArtifact, DynamicBound
 from .shape import Dims, dims_of
 
-# Kernels with run-time rows cover any value, so the ladder's ranges stop doubling here:
-# one more range above serves every larger value (its kernel chosen over all of them).
-SYMBOLIC_TOP = 512
+# Kernels with run-time extents cover any value, so the ladder's ranges stop doubling here:
+# one more range above serves every larger value (its kernel chosen over all of them);
+# a range (256, 2048] chose knobs 1.4x slower at 512 than doubling ranges do.
+SYMBOLIC_TOP = 4096
 
 __all__ = ["DynamicArtifact", "DynamicBound", "build_family", "kernels_for", "rungs"]
 
@@ -83,7 +84,7 @@ def build_family(fam: Family, backend, machine, fn: Callable | None = None, knob
 def runtime_rows(fam: Family, backend, dims: Dims, options: dict) -> bool:
     """Whether the symbol can be the kernels' run-time row count: a GEMM's rows, on a back
     end that compiles such kernels, with no build options it would have to honour."""
-    return (dims.chunk_axis is not None and symbolic.supports(fam.upper(), dims.chunk_axis)
+    return (dims.plain and symbolic.supports(fam.upper(), dims.axes)
             and hasattr(backend, "build_symbolic") and not options)
 
 
@@ -99,13 +100,13 @@ def _build_symbolic(fam, backend, machine, fn, knobs, dims: Dims, values) -> Dyn
     sym = dims.symbol
     ladder = values or plan.ladder(min(sym.upper, SYMBOLIC_TOP), 1, True, ratio=2)
     given = knobs if knobs and not all(isinstance(k, int) for k in knobs) else None
-    kernels = microkernel.kernels(fam, machine, fn, sorted(ladder), sym.upper, given, check)
+    kernels = microkernel.kernels(fam, machine, fn, dims.axes, sorted(ladder), sym.upper,
+                                  given, check)
     if knobs and given is None:  # tuned knobs per range top
         kernels = [_fixed_kernel(fam, machine, fn, k, knobs[k.value]) if k.value in knobs
                    else k for k in kernels]
-    rows = [d[0] if d else None for d in dims.inputs]
     for k in kernels:
-        k.artifact = backend.build_symbolic(k.schedule, k.block, rows, dims.output[0])
+        k.artifact = backend.build_symbolic(k.schedule, k.blocks)
     return DynamicArtifact(fam, dims, kernels, microkernel.table(fam, kernels))
 
 
@@ -114,4 +115,5 @@ def _fixed_kernel(fam, machine, fn, k: plan.Kernel, knobs: dict) -> plan.Kernel:
 
     s = record(fam.at(**{fam_symbol(fam): k.value}), machine, fn, knobs)
     s.as_written = True
-    return plan.Kernel(k.value, s, evaluate(s).seconds, block=symbolic.row_block(s), fn=fn)
+    return plan.Kernel(k.value, s, evaluate(s).seconds,
+                       blocks=symbolic.blocks_of(s, tuple(k.blocks)), fn=fn)

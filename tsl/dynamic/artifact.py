@@ -89,7 +89,7 @@ class DynamicArtifact:
         outs, start = [], 0
         for k, take in plan.pieces(self.table, self.kernels, v):
             xs = [self._piece(x, i, start, take) for x, i in zip(arrays, positions)]
-            if self.kernels[k].block:  # run-time rows: the kernel pads to its block itself
+            if self.kernels[k].blocks:  # run-time extents: the kernel pads to its block itself
                 outs.append(call(k, xs))
                 start += take
                 continue

@@ -14,29 +14,22 @@ import math
 from ..errors import ScheduleError
 from ..model import evaluate, search
 from ..model.search import record_fixed
-from ..ops.sym import Sym
 from . import plan
-from .symbolic import row_block
+from .symbolic import blocks_of, padded_op
 
 TOP = 12  # the model's best candidates at the range's top that are priced over the range
 SAMPLES = 4  # values per range they are priced at
 
 
-def padded_price(fam, fn, s, v: int) -> float:
-    """Model seconds of schedule `s`'s knobs at value v padded to whole row blocks; inf
-    where those knobs do not record at that size."""
-    block = row_block(s)
+def padded_price(fam, fn, s, axes, v: int) -> float:
+    """Model seconds of schedule `s`'s knobs at value v padded to whole blocks of each
+    symbolic axis; inf where those knobs do not record at that size."""
     try:
-        t = record_fixed(_padded_op(fam, math.ceil(v / block) * block), s.machine, fn,
+        t = record_fixed(padded_op(fam, v, blocks_of(s, axes)), s.machine, fn,
                          dict(s.knob_values))
     except ScheduleError:
         return math.inf
     return evaluate(t).seconds
-
-
-def _padded_op(fam, rows: int):
-    """The family's operator at `rows`, which padding may take past the symbol's bound."""
-    return fam.make(**{p: rows if isinstance(v, Sym) else v for p, v in fam.dims.items()})
 
 
 def samples(lo: int, hi: int) -> list[int]:
@@ -45,33 +38,35 @@ def samples(lo: int, hi: int) -> list[int]:
     return sorted(p for p in pts if lo < p <= hi)
 
 
-def choose(fam, machine, fn, lo: int, hi: int, fixed: dict | None, check) -> plan.Kernel:
+def choose(fam, machine, fn, axes, lo: int, hi: int, fixed: dict | None,
+           check) -> plan.Kernel:
     """The kernel for values (lo, hi]: the candidate of least total model time there."""
     name = next(iter(fam.syms))
     choice = search(fam.at(**{name: hi}), machine, fn, fixed, check=check)
-    by_block: dict[int, object] = {}
+    by_block: dict[tuple, object] = {}
     for c in choice.candidates:
-        by_block.setdefault(row_block(c.schedule), c)
+        by_block.setdefault(tuple(blocks_of(c.schedule, axes).items()), c)
     pool = {id(c): c for c in choice.candidates[:TOP]} | {id(c): c for c in by_block.values()}
     best, best_cost = None, math.inf
     pts = samples(lo, hi)
     for c in pool.values():
-        cost = sum(padded_price(fam, fn, c.schedule, v) for v in pts)
+        cost = sum(padded_price(fam, fn, c.schedule, axes, v) for v in pts)
         if cost < best_cost:
             best, best_cost = c, cost
     if best is None or not math.isfinite(best_cost):
         raise ScheduleError(f"{fam}: no schedule of the model's fits every value of "
                             f"{name} in ({lo}, {hi}]")
     s = best.schedule
-    return plan.Kernel(hi, s, best.estimate.seconds, block=row_block(s), fn=fn)
+    return plan.Kernel(hi, s, best.estimate.seconds, blocks=blocks_of(s, axes), fn=fn)
 
 
-def kernels(fam, machine, fn, rungs: list[int], upper: int, fixed, check) -> list[plan.Kernel]:
+def kernels(fam, machine, fn, axes, rungs: list[int], upper: int, fixed,
+            check) -> list[plan.Kernel]:
     """One kernel per range between rungs; the top one's range reaches `upper`."""
     out, lo = [], 0
     for n, hi in enumerate(rungs):
         top = upper if n == len(rungs) - 1 else hi
-        k = choose(fam, machine, fn, lo, top, fixed, check)
+        k = choose(fam, machine, fn, axes, lo, top, fixed, check)
         out.append(k)
         lo = top
     return out
@@ -87,6 +82,6 @@ def table(fam, kernels: list[plan.Kernel]) -> plan.Table:
 
     def price(v: int) -> float:
         k = kernels[tab.at(v).kernel]
-        return padded_price(fam, k.fn, k.schedule, v) + plan.CALL_SECONDS
+        return padded_price(fam, k.fn, k.schedule, tuple(k.blocks), v) + plan.CALL_SECONDS
     tab.seconds = price
     return tab

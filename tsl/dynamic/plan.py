@@ -37,7 +37,7 @@ class Kernel:
     schedule: Schedule
     seconds: float  # the cost model's time of one call
     artifact: object = None  # the back end's artifact, once compiled
-    block: int = 0  # > 0: rows are a run-time argument, padded to this (any value runs)
+    blocks: dict = field(default_factory=dict)  # run-time axes -> the block each pads to
     fn: object = None  # the schedule function (to price the knobs at other values)
 
     @property
@@ -134,13 +134,13 @@ def describe(tab: Table, kernels: list[Kernel], name: str) -> str:
              f"{CALL_SECONDS * 1e6:.0f} us per call)"]
     for n, k in enumerate(kernels):
         mark = "" if n in tab.used() else "  (not used: never the cheapest)"
-        rows = f" (any {name}: padded to blocks of {k.block})" if k.block else ""
+        rows = f" (any {name}: padded to blocks {k.blocks})" if k.blocks else ""
         lines.append(f"  kernel {n}: chosen at {name}={k.value}{rows}, "
                      f"{k.seconds * 1e3:.4f} ms there, knobs {k.knobs}{mark}")
     for r in tab.ranges:
         k = kernels[r.kernel]
         how = (f"kernel {r.kernel} on {k.value}, the rest by this table" if r.chunk
-               else f"kernel {r.kernel}, padded to whole blocks of {k.block}" if k.block
+               else f"kernel {r.kernel}, padded to whole blocks {k.blocks}" if k.blocks
                else f"kernel {r.kernel}, padded to {name}={k.value}")
         span = f"[{r.lo}, {r.hi}]" if r.lo != r.hi else f"{r.lo}"
         lines.append(f"  {name} in {span}: {how}; model {tab.price(r.lo) * 1e3:.4f}"

@@ -25,6 +25,8 @@ class Dims:
     inputs: tuple[tuple[int, ...], ...]
     output: tuple[int, ...]
     chunk_axis: str | None  # the operator axis values can be cut along (None: pad only)
+    axes: tuple[str, ...]  # the operator axes whose extent follows the symbol
+    plain: bool  # every such axis, and every dim that follows, has extent == the value
     probe: tuple[int, int, int, int]  # (input, dim, its extent at the upper bound, per value)
 
     def varies(self, i: int) -> bool:
@@ -70,7 +72,11 @@ def dims_of(fam: Family) -> Dims:
         raise ScheduleError(f"{fam}: no input follows symbol {sym.name}")
     d = ins[i][0]
     up = b.inputs[i].shape[d]
-    return Dims(sym, ins, out, chunk, (i, d, up, max(1, up - a.inputs[i].shape[d])))
+    plain = all(ax.extent == lo for ax in axes) \
+        and all(t.shape[k] == lo for t, dd in zip(a.inputs, ins) for k in dd) \
+        and all(a.output.shape[k] == lo for k in out)
+    return Dims(sym, ins, out, chunk, tuple(ax.name for ax in axes), plain,
+                (i, d, up, max(1, up - a.inputs[i].shape[d])))
 
 
 def _no_halo(op, axis: str) -> bool:

@@ -46,12 +46,12 @@ class CPUBackend(Backend):
                            codegen.compile_module(ctx.sch.mod, schedule.machine, options.cross),
                            options.cross)
 
-    def build_symbolic(self, schedule, block: int, row_dims, out_dim: int):
-        """A kernel of `schedule` whose rows are a run-time multiple of `block`
-        (`tsl.dynamic.symbolic`)."""
+    def build_symbolic(self, schedule, blocks: dict):
+        """A kernel of `schedule` whose axes in `blocks` have run-time extents, multiples of
+        their blocks (`tsl.dynamic.symbolic`)."""
         from .symbolic import SymbolicCPUKernel
 
-        return SymbolicCPUKernel(schedule, block, row_dims, out_dim)
+        return SymbolicCPUKernel(schedule, blocks)
 
     def measure(self, art: CPUArtifact, rounds: int = 5):
         """The time of a run on random inputs (an `Estimate` of kind "measured"): the best of
