@@ -129,3 +129,12 @@ def test_the_table_pads_small_values_and_cuts_large_ones_by_the_model():
 def test_ladder_covers_the_bound():
     assert plan.ladder(20, 1, False) == [1, 2, 3, 4, 6, 8, 12, 16, 20]
     assert plan.ladder(5000, 4, True)[-1] == 4 * plan.CHUNK_TOP
+
+
+def test_bench_row_times_the_dynamic_and_the_static_build_and_verifies():
+    from tsl.bench import dynamic as bench
+
+    fam = tsl.ops.dense(sym("m", upper=24), 16, 32, epilogue=tsl.ops.bias())
+    art = tsl.build(fam, "cpu")
+    r = bench.row("dense", fam, art, 13, peers=False)
+    assert r["verified"] and r["dynamic_s"] > 0 and r["static_s"] > 0
