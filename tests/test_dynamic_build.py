@@ -138,3 +138,22 @@ def test_bench_row_times_the_dynamic_and_the_static_build_and_verifies():
     art = tsl.build(fam, "cpu")
     r = bench.row("dense", fam, art, 13, peers=False)
     assert r["verified"] and r["dynamic_s"] > 0 and r["static_s"] > 0
+
+
+def test_the_same_family_builds_on_vta_in_rows_and_is_bit_exact():
+    fam = tsl.ops.dense(sym("m", upper=4), 32, 16, dtype="int8",
+                        epilogue=tsl.ops.bias() + tsl.ops.requantize(8))
+    art = tsl.build(fam, "vta")
+    assert art.target == "vta"
+    for m in (1, 3, 4):
+        assert art.verify(m=m) == (True, 0.0)
+
+
+def test_the_same_family_builds_on_tpu_bucketed():
+    pytest.importorskip("jax", reason="the TPU back end runs its Mosaic kernel under JAX")
+    fam = tsl.ops.dense(sym("m", upper=40), 64, 32, dtype="bfloat16")
+    art = tsl.build(fam, "tpu")
+    assert art.target == "tpu"
+    for m in (1, 17, 40):
+        ok, err = art.verify(m=m)
+        assert ok, (m, err)
