@@ -10,9 +10,11 @@ operator builds the family, with nothing of this module copied into it.
 from __future__ import annotations
 
 from functools import lru_cache
+from types import SimpleNamespace
 
 import numpy as np
 
+from ..artifact import Artifact
 from ..errors import InputError
 from . import plan
 from .shape import Dims, value_of
@@ -71,17 +73,8 @@ class DynamicArtifact:
         v = value_of(self.family, self.dims, full)
         op = self._at(v)
         want = [op.inputs[i] for i in positions]
-        if len(arrays) != len(want):
-            raise InputError(f"{self.family} takes {len(want)} arrays here "
-                             f"({', '.join(t.name for t in want)}), got {len(arrays)}")
-        out = []
-        for t, x in zip(want, arrays):
-            x = np.asarray(x)
-            if x.shape != t.shape:
-                raise InputError(f"{self.family} at {self.dims.symbol.name}={v}: input "
-                                 f"{t.name} must have shape {t.shape}, got {x.shape}")
-            out.append(x)
-        return v, out
+        # The static artifact's checks (count, shape, dtype) against the operator at v.
+        return v, Artifact.check_inputs(SimpleNamespace(op=op), arrays, want)
 
     def _run(self, arrays, positions, call) -> np.ndarray:
         positions = list(positions)

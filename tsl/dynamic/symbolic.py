@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from ..errors import LoweringError, ScheduleError
-from ..lower import LowerContext, _first_line, _replay
+from ..errors import ScheduleError
+from ..lower import LowerContext, replay
 from ..primitives.schedule import Schedule
 
 # The operators whose TE is rebuilt with symbolic extents: parameter -> operator axis.
@@ -112,14 +112,7 @@ def lower_symbolic(s: Schedule, lowering, blocks: dict[str, int]) -> LowerContex
     ctx = LowerContext(s, op, _SymbolicSplit(s_tir.Schedule(func)),
                        unsigned_a=op.dtype == "int8" and lowering.a_dtype == "uint8",
                        b_dtype=lowering.b_dtype)
-    try:
-        _replay(s, lowering, ctx)
-    except (ScheduleError, LoweringError):
-        raise
-    except Exception as e:  # noqa: BLE001 - TVM's errors have no common base worth naming
-        raise LoweringError(f"lowering {s.op} with run-time extents {sorted(blocks)} for "
-                            f"{lowering.machine.name} failed in TVM: {_first_line(e)}") from e
-    return ctx
+    return replay(s, lowering, ctx)
 
 
 def dim_axes(op, axes) -> tuple[dict, ...]:
