@@ -102,7 +102,7 @@ def test_conv2d_spatial_family_verifies():
         assert ok, (h, err)
 
 
-def test_bad_input_is_a_typed_error_naming_the_shape():
+def test_bad_input_is_a_typed_error_naming_the_shape(tmp_path):
     fam = tsl.ops.dense(sym("m", upper=16), 8, 8)
     art = tsl.build(fam, "cpu")
     x, w, *rest = fam.random_inputs(m=4)
@@ -110,6 +110,10 @@ def test_bad_input_is_a_typed_error_naming_the_shape():
         art.run(np.ones((17, 8), np.float32), w, *rest)
     with pytest.raises(InputError, match="shape"):
         art.run(x, w[:4], *rest)
+    with pytest.raises(ScheduleError, match="tuning database has no entries for a family"):
+        tsl.build(fam, "cpu", knobs=tsl.tune.Database(tmp_path / "t.jsonl"))
+    with pytest.raises(InputError, match="float32"):
+        art.run(x.astype(np.float64), w, *rest)
     with pytest.raises(ScheduleError, match="one symbolic dim"):
         tsl.build(tsl.ops.matmul(sym("a", upper=8), sym("b", upper=8), 8), "cpu")
 

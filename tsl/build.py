@@ -54,7 +54,9 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
     """Compile `op` for `target` with `schedule` (a function of a `tsl.Schedule`; default: the
     operator's default schedule) and `knobs`: values for the schedule's knobs, or a
     `tsl.tune.Database`, whose best record for (operator, machine, schedule) is used; with no
-    record there, the schedule's defaults are, and a warning says so."""
+    record there, the schedule's defaults are, and a warning says so. A `Family` (an operator
+    with `tsl.ops.sym` dims) builds once for its whole range: a `tsl.dynamic.DynamicArtifact`
+    whose micro-kernels the cost model chooses (`knobs`: a dict fixes knobs in all of them)."""
     backend, machine = resolve_target(target)
     why = backend.unavailable(machine, backend.options(**options))
     if why:
@@ -73,6 +75,11 @@ def _build_family(fam: Family, backend, machine: Machine, fn, knobs, options):
     dispatch (tsl.dynamic)."""
     from .dynamic import build_family
 
+    if hasattr(knobs, "best_for"):
+        # Tuning a family (one database entry for its range, #25 part 3) is not built yet.
+        raise ScheduleError(f"{fam}: a tuning database has no entries for a family yet; "
+                            f"build with the cost model's knobs (knobs=None) or tune and "
+                            f"build fam.at(...) per value")
     return build_family(fam, backend, machine, fn, knobs, **options)
 
 
