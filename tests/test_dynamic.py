@@ -60,10 +60,8 @@ def test_static_operators_unchanged_and_bad_static_args_still_fail_at_constructi
         tsl.ops.matmul(sym("m", upper=8), 8, 8, dtype="float64")
 
 
-def test_family_build_is_a_typed_error_and_each_value_builds_and_verifies():
+def test_each_value_of_a_family_builds_and_verifies_statically():
     fam = tsl.ops.dense(sym("m", upper=64), 40, 24)
-    with pytest.raises(ScheduleError, match="op.at"):
-        tsl.build(fam, "cpu")
     for m in (1, 17):
         op = fam.at(m=m)
         art = tsl.build(op, "cpu")

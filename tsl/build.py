@@ -54,21 +54,33 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
     """Compile `op` for `target` with `schedule` (a function of a `tsl.Schedule`; default: the
     operator's default schedule) and `knobs`: values for the schedule's knobs, or a
     `tsl.tune.Database`, whose best record for (operator, machine, schedule) is used; with no
-    record there, the schedule's defaults are, and a warning says so."""
-    if isinstance(op, Family):
-        # Shape-generic compilation (#25 step 2) is not built yet: say so instead of failing
-        # somewhere inside the lowering on a missing shape.
-        raise ScheduleError(f"{op} has symbolic dims {sorted(op.syms)}: tsl cannot compile one "
-                            f"module for a whole range yet; build op.at(...) for each value")
+    record there, the schedule's defaults are, and a warning says so. A `Family` (an operator
+    with `tsl.ops.sym` dims) builds once for its whole range: a `tsl.dynamic.DynamicArtifact`
+    whose micro-kernels the cost model chooses (`knobs`: a dict fixes knobs in all of them)."""
     backend, machine = resolve_target(target)
     why = backend.unavailable(machine, backend.options(**options))
     if why:
         raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
+    if isinstance(op, Family):
+        return _build_family(op, backend, machine, schedule, knobs, options)
     if hasattr(knobs, "best_for"):
         knobs = tuned_knobs(knobs, op, machine, schedule or default_schedule(op.name))
     s = record(op, machine, schedule, knobs)
     s.as_written = schedule is not None or bool(knobs)
     return backend.build(s, **options)
+
+
+def _build_family(fam: Family, backend, machine: Machine, fn, knobs, options):
+    """A family (symbolic dims): micro-kernels over the symbol's range and a run-time
+    dispatch (tsl.dynamic)."""
+    from .dynamic import build_family
+
+    if hasattr(knobs, "best_for"):
+        # Tuning a family (one database entry for its range, #25 part 3) is not built yet.
+        raise ScheduleError(f"{fam}: a tuning database has no entries for a family yet; "
+                            f"build with the cost model's knobs (knobs=None) or tune and "
+                            f"build fam.at(...) per value")
+    return build_family(fam, backend, machine, fn, knobs, **options)
 
 
 def tuned_knobs(db, op: Operator, machine: Machine, fn: Callable) -> dict | None:

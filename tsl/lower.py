@@ -132,6 +132,12 @@ def lower(schedule: Schedule, lowering: Lowering) -> LowerContext:
     ctx = LowerContext(schedule, op, s_tir.Schedule(func),
                        unsigned_a=op.dtype == "int8" and lowering.a_dtype == "uint8",
                        b_dtype=lowering.b_dtype)
+    return replay(schedule, lowering, ctx)
+
+
+def replay(schedule: Schedule, lowering: Lowering, ctx: LowerContext) -> LowerContext:
+    """`schedule`'s steps on `ctx.sch` (also for a PrimFunc built elsewhere, such as one of
+    run-time extents: tsl.dynamic.symbolic). TVM errors become LoweringError."""
     try:
         _replay(schedule, lowering, ctx)
     except (ScheduleError, LoweringError):

@@ -168,12 +168,20 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--frontends", default="torch,onnx", help="with --models: torch, onnx")
     ap.add_argument("--only", help="with --models: comma-separated imported models "
                     "(resnet18, mobilenet_v2, encoder); 'none' skips them")
+    ap.add_argument("--dynamic", action="store_true", help="shape-generic builds (one build "
+                    "of an operator family with a symbolic dim) against a static build per "
+                    "value, with PyTorch/NumPy timed alone (--quick: 4 values, no peers)")
     return ap
 
 
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    if args.dynamic:
+        from .dynamic import main as dynamic_main
+
+        dynamic_main(args.quick, peers=not args.quick)
+        return 0
     if args.realtime:
         timing.request()
     if args.models:

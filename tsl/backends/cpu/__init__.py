@@ -50,6 +50,13 @@ class CPUBackend(Backend):
                            codegen.compile_module(ctx.sch.mod, schedule.machine, options.cross),
                            options.cross)
 
+    def build_symbolic(self, schedule, blocks: dict):
+        """A kernel of `schedule` whose axes in `blocks` have run-time extents, multiples of
+        their blocks (`tsl.dynamic.symbolic`)."""
+        from .symbolic import SymbolicCPUKernel
+
+        return SymbolicCPUKernel(schedule, blocks)
+
     def measure(self, art: CPUArtifact, rounds: int = 5):
         """The time of a run on random inputs (an `Estimate` of kind "measured"): the best of
         `rounds` short timings, since other processes only ever add time (on a loaded

@@ -1,0 +1,163 @@
+"""Shape-generic builds (issue #25 step 2): one build of a family runs at every value."""
+
+import numpy as np
+import pytest
+
+import tsl
+from tsl.dynamic import plan
+from tsl.dynamic.shape import dims_of
+from tsl.errors import InputError, ScheduleError
+from tsl.ops import sym
+
+
+def _check(art, fam, m, seed=0):
+    xs = fam.random_inputs(seed=seed, m=m)
+    op = fam.at(m=m)
+    ok, err = op.check(art.run(*xs), fam.reference(*xs, m=m))
+    assert ok, (m, err)
+
+
+def test_dense_family_builds_once_and_matches_numpy_at_every_kind_of_value():
+    fam = tsl.ops.dense(sym("m", upper=72), 40, 24,
+                        epilogue=tsl.ops.bias() + tsl.ops.relu())
+    art = tsl.build(fam, "cpu")
+    for m in (1, 5, 17, 37, 64, 71, 72):
+        _check(art, fam, m, seed=m)
+    text = art.dispatch()
+    assert "m in [1" in text and "72" in text and "knobs" in text
+
+
+def test_bind_packs_the_weights_once_for_every_kernel():
+    fam = tsl.ops.dense(sym("m", upper=48), 32, 20, epilogue=tsl.ops.bias())
+    art = tsl.build(fam, "cpu")
+    x, w, b = fam.random_inputs(seed=3, m=48)
+    f = art.bind(B=w, bias=b)
+    for m in (1, 13, 37, 48):
+        np.testing.assert_allclose(f(x[:m]), fam.reference(x[:m], w, b, m=m),
+                                   rtol=1e-4, atol=1e-4)
+    with pytest.raises(InputError, match="follow m"):
+        art.bind(A=x)
+
+
+def test_values_above_the_top_kernel_run_in_chunks(monkeypatch):
+    # conv2d's batch can be cut but is not a GEMM's rows: per-value kernels, then chunks
+    monkeypatch.setattr(plan, "CHUNK_TOP", 4)
+    fam = tsl.ops.conv2d(sym("m", upper=11), 4, 6, 6, 8, 3, 3, padding=1)
+    art = tsl.build(fam, "cpu")
+    assert max(k.value for k in art.kernels) == 4 and not any(k.blocks for k in art.kernels)
+    assert [take for _, take in art.pieces(11)] == [4, 4, 3]
+    for m in (3, 5, 11):
+        _check(art, fam, m, seed=m)
+
+
+def test_gemm_rows_are_a_run_time_argument_padded_only_to_the_block():
+    fam = tsl.ops.matmul(sym("m", upper=300), 24, 40)
+    art = tsl.build(fam, "cpu")
+    assert all(k.blocks for k in art.kernels)
+    assert len(art.kernels) <= 12 and all(len(art.pieces(m)) == 1 for m in (1, 77, 300))
+    for m in (1, 3, 8, 9, 77, 129, 255, 300):
+        _check(art, fam, m, seed=m)
+    assert "padded to whole blocks" in art.dispatch()
+
+
+def test_a_symbol_in_several_axes_is_padded_not_cut():
+    fam = tsl.ops.batch_matmul(3, sym("s", upper=20), sym("s", upper=20), 16,
+                               transpose_b=True)
+    assert dims_of(fam).chunk_axis is None
+    art = tsl.build(fam, "cpu")
+    for s in (1, 7, 20):
+        xs = fam.random_inputs(seed=s, s=s)
+        ok, err = fam.at(s=s).check(art.run(*xs), fam.reference(*xs, s=s))
+        assert ok, (s, err)
+        assert len(art.pieces(s)) == 1
+    assert all(set(k.blocks) == {"i", "j"} for k in art.kernels)  # run-time M and N
+
+
+def test_attention_values_times_scores_with_the_sequence_in_the_reduction():
+    fam = tsl.ops.batch_matmul(2, sym("s", upper=40), 16, sym("s", upper=40))
+    art = tsl.build(fam, "cpu")
+    assert not any(k.blocks for k in art.kernels)  # a run-time reduction: per-rung kernels
+    for s in (1, 9, 33, 40):
+        xs = fam.random_inputs(seed=s, s=s)
+        ok, err = fam.at(s=s).check(art.run(*xs), fam.reference(*xs, s=s))
+        assert ok, (s, err)
+
+
+@pytest.mark.parametrize("make,axis", [
+    (lambda v: tsl.ops.dense(v, 16, 8), "i"),
+    (lambda v: tsl.ops.matmul(8, 8, v), None),  # the reduction: padded only
+    (lambda v: tsl.ops.conv2d(1, 4, v, 9, 4, 3, 3, padding=1), None),  # a window: halo
+    (lambda v: tsl.ops.conv2d(v, 4, 9, 9, 4, 3, 3, padding=1), "n"),
+])
+def test_which_symbols_can_be_cut(make, axis):
+    assert dims_of(make(sym("v", upper=12))).chunk_axis == axis
+
+
+def test_conv2d_spatial_family_verifies():
+    fam = tsl.ops.conv2d(1, 4, sym("h", upper=12), 9, 8, 3, 3, padding=1)
+    art = tsl.build(fam, "cpu")
+    for h in (3, 7, 12):
+        xs = fam.random_inputs(seed=h, h=h)
+        ok, err = fam.at(h=h).check(art.run(*xs), fam.reference(*xs, h=h))
+        assert ok, (h, err)
+
+
+def test_bad_input_is_a_typed_error_naming_the_shape(tmp_path):
+    fam = tsl.ops.dense(sym("m", upper=16), 8, 8)
+    art = tsl.build(fam, "cpu")
+    x, w, *rest = fam.random_inputs(m=4)
+    with pytest.raises(InputError, match=r"\[1, 16\]"):
+        art.run(np.ones((17, 8), np.float32), w, *rest)
+    with pytest.raises(InputError, match="shape"):
+        art.run(x, w[:4], *rest)
+    with pytest.raises(ScheduleError, match="tuning database has no entries for a family"):
+        tsl.build(fam, "cpu", knobs=tsl.tune.Database(tmp_path / "t.jsonl"))
+    with pytest.raises(InputError, match="float32"):
+        art.run(x.astype(np.float64), w, *rest)
+    with pytest.raises(ScheduleError, match="one symbolic dim"):
+        tsl.build(tsl.ops.matmul(sym("a", upper=8), sym("b", upper=8), 8), "cpu")
+
+
+def test_the_table_pads_small_values_and_cuts_large_ones_by_the_model():
+    ks = [plan.Kernel(v, None, s) for v, s in ((1, 1.0), (4, 1.1), (8, 8.0))]
+    tab = plan.table(ks, 20, chunkable=True)
+    assert tab.at(1).kernel == 0 and not tab.at(1).chunk
+    assert tab.at(3).kernel == 1  # padded 3 -> 4: one call
+    assert tab.at(6).kernel == 2 and not tab.at(6).chunk
+    assert tab.at(20).chunk and tab.at(20).kernel == 2
+    assert plan.pieces(tab, ks, 20) == [(2, 8), (2, 8), (1, 4)]
+    with pytest.raises(ScheduleError, match="no kernel covers value 9"):
+        plan.table(ks, 20, chunkable=False)
+
+
+def test_ladder_covers_the_bound():
+    assert plan.ladder(20, 1, False) == [1, 2, 3, 4, 6, 8, 12, 16, 20]
+    assert plan.ladder(5000, 4, True)[-1] == 4 * plan.CHUNK_TOP
+
+
+def test_bench_row_times_the_dynamic_and_the_static_build_and_verifies():
+    from tsl.bench import dynamic as bench
+
+    fam = tsl.ops.dense(sym("m", upper=24), 16, 32, epilogue=tsl.ops.bias())
+    art = tsl.build(fam, "cpu")
+    r = bench.row("dense", fam, art, 13, peers=False)
+    assert r["verified"] and r["dynamic_s"] > 0 and r["static_s"] > 0
+
+
+def test_the_same_family_builds_on_vta_in_rows_and_is_bit_exact():
+    fam = tsl.ops.dense(sym("m", upper=4), 32, 16, dtype="int8",
+                        epilogue=tsl.ops.bias() + tsl.ops.requantize(8))
+    art = tsl.build(fam, "vta")
+    assert art.target == "vta"
+    for m in (1, 3, 4):
+        assert art.verify(m=m) == (True, 0.0)
+
+
+def test_the_same_family_builds_on_tpu_bucketed():
+    pytest.importorskip("jax", reason="the TPU back end runs its Mosaic kernel under JAX")
+    fam = tsl.ops.dense(sym("m", upper=40), 64, 32, dtype="bfloat16")
+    art = tsl.build(fam, "tpu")
+    assert art.target == "tpu"
+    for m in (1, 17, 40):
+        ok, err = art.verify(m=m)
+        assert ok, (m, err)

@@ -1,0 +1,100 @@
+"""A CPU kernel whose symbolic extents are run-time arguments (`tsl.dynamic.symbolic`).
+
+Built from a schedule recorded at one value; runs at any value, padding each axis that
+follows the symbol only to the schedule's block of it. Packing (weights in the primitive's
+layout, the unsigned-A compensation) is the static artifact's, from `Artifact`; only the
+shapes differ.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ...dynamic.symbolic import dim_axes, lower_symbolic, padded
+from ...errors import InputError
+from . import codegen
+from .lowering import CPULowering
+from .runtime import CPUArtifact, set_threads
+
+
+class SymbolicCPUKernel(CPUArtifact):
+    """`blocks`: axis -> block of each axis that follows the symbol."""
+
+    def __init__(self, schedule, blocks: dict[str, int]):
+        lowering = CPULowering(schedule.machine, schedule.primitive)
+        ctx = lower_symbolic(schedule, lowering, blocks)
+        super().__init__(schedule, ctx, codegen.compile_module(ctx.sch.mod, schedule.machine))
+        self.blocks = dict(blocks)
+        *self.in_dims, self.out_dims = dim_axes(schedule.op, blocks)
+
+    def _shape(self, static: tuple, dims: dict, v: int) -> tuple:
+        """A tensor's kernel shape at value v: its symbolic dims padded to their blocks."""
+        return tuple(padded(v, self.blocks[dims[d]]) if d in dims else n
+                     for d, n in enumerate(static))
+
+    def _padded_to(self, i: int, x: np.ndarray, v: int) -> np.ndarray:
+        want = self._shape(self.ctx.op.inputs[i].shape, self.in_dims[i], v)
+        if x.ndim != len(want) or any(a > b for a, b in zip(x.shape, want)):
+            raise InputError(f"{self.op}: input {self.op.inputs[i].name} of shape {x.shape} "
+                             f"does not fit the kernel's {want}")
+        return x if x.shape == want else np.pad(x, [(0, b - a) for a, b in zip(x.shape, want)])
+
+    def value_of(self, arrays) -> int:
+        i = next(n for n, d in enumerate(self.in_dims) if d and arrays[n] is not None)
+        return np.shape(arrays[i])[next(iter(self.in_dims[i]))]
+
+    def run(self, *arrays: np.ndarray) -> np.ndarray:
+        """The operator's inputs at any value (shapes are checked by the caller,
+        `DynamicArtifact`), NumPy out."""
+        return self.bind()(*arrays)
+
+    def bind(self, **constants) -> "SymbolicBound":
+        return SymbolicBound(self, constants)
+
+    def call(self, packed: list[np.ndarray], v: int) -> np.ndarray:
+        import tvm
+
+        self._runnable()
+        set_threads(self.machine.cores())
+        dev = tvm.cpu(0)
+        args = [tvm.runtime.tensor(x, dev) for x in packed]
+        out = self.ctx.op.output
+        args.append(tvm.runtime.empty(self._shape(out.shape, self.out_dims, v), out.dtype, dev))
+        self.executable(*args, *[padded(v, self.blocks[a]) // self.blocks[a]
+                                 for a in sorted(self.blocks)])
+        # the operator's own extents: padded columns and rows cropped
+        want = tuple(v if d in self.out_dims else n for d, n in enumerate(self.op.output.shape))
+        y = args[-1].numpy()
+        return y if y.shape == want else np.ascontiguousarray(
+            y[tuple(slice(0, w) for w in want)])
+
+
+class SymbolicBound:
+    """Constants padded and packed once (as `tsl.bound.Bound`); the rest padded per call."""
+
+    def __init__(self, kernel: SymbolicCPUKernel, constants: dict):
+        t0 = time.perf_counter()
+        self.kernel = kernel
+        ins = kernel.op.inputs
+        names = {t.name: i for i, t in enumerate(ins)} | {t.role: i for i, t in enumerate(ins)}
+        idx = {names[k]: np.asarray(x) for k, x in constants.items()}
+        self.padded = {i: kernel._padded_to(i, x, 0) for i, x in idx.items()}
+        self.packed = {i: kernel._pack(i, x) for i, x in self.padded.items()}
+        self.free = [i for i in range(len(ins)) if i not in idx]
+        self.comp = None
+        if kernel.ctx.unsigned_a and kernel.ctx.input_index("B") in self.padded:
+            self.comp = kernel._compensation([self.padded.get(i) for i in range(len(ins))])
+        self.prep_seconds = time.perf_counter() - t0
+
+    def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        k = self.kernel
+        full = dict(zip(self.free, arrays))
+        v = k.value_of([full.get(i) for i in range(len(k.op.inputs))])
+        xs = {i: k._padded_to(i, np.asarray(x), v) for i, x in full.items()}
+        packed = {**self.packed, **{i: k._pack(i, x) for i, x in xs.items()}}
+        comp = self.comp
+        if comp is None:
+            comp = k._compensation([{**self.padded, **xs}[i] for i in range(len(packed))])
+        return k.call([packed[i] for i in range(len(packed))] + comp, v)

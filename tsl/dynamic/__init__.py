@@ -1,0 +1,119 @@
+"""Shape-generic builds (issue #25): one build of an operator family serves every value of
+its symbolic dim.
+
+`build_family` records the family's schedule at each rung of a ladder over [1, upper] (the
+cost model or a tuning database choosing each rung's knobs: the micro-kernels), prices every
+value's plan with the model (`plan.table`), compiles only the kernels some value uses, and
+returns a `DynamicArtifact` that dispatches on the run-time value. Nothing here names a back
+end: each kernel is the back end's own static artifact.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import ScheduleError
+from ..model import evaluate
+from ..ops.sym import Family
+from ..schedules import default_schedule
+from . import microkernel, plan, symbolic
+from .artifact import DynamicArtifact, DynamicBound
+from .shape import Dims, dims_of
+
+# Kernels with run-time extents cover any value, so the ladder's ranges stop doubling here:
+# one more range above serves every larger value (its kernel chosen over all of them);
+# a range (256, 2048] chose knobs 1.4x slower at 512 than doubling ranges do.
+SYMBOLIC_TOP = 4096
+
+__all__ = ["DynamicArtifact", "DynamicBound", "build_family", "kernels_for", "rungs"]
+
+
+def rungs(fam: Family, machine, fn: Callable | None = None) -> tuple[Dims, list[int]]:
+    """The symbol's dims and the ladder of values kernels are recorded at. The granule is
+    the tile a static build of the smallest value pads the symbol's axis to (the primitive's
+    rows, a VTA GEMM's block of rows, an MXU's 128)."""
+    from ..build import record
+
+    dims = dims_of(fam)
+    sym = dims.symbol
+    one = fam.at(**{sym.name: 1})
+    s = record(one, machine, fn)
+    ax = next(a.name for a, b in zip(one.axes, fam.upper().axes) if a.extent != b.extent)
+    granule = max(1, min(s.padded_extents()[ax], sym.upper))
+    return dims, plan.ladder(sym.upper, granule, dims.chunk_axis is not None)
+
+
+def kernels_for(fam: Family, machine, fn: Callable | None, values: list[int],
+                knobs: dict | None = None) -> list[plan.Kernel]:
+    """One recorded schedule per value, `knobs` given per value ({value: knobs}) or one dict
+    for all; knobs not given are the cost model's choice."""
+    from ..build import record
+
+    out = []
+    for v in values:
+        given = knobs.get(v) if knobs and all(isinstance(k, int) for k in knobs) else knobs
+        s = record(fam.at(**{fam_symbol(fam): v}), machine, fn, given)
+        s.as_written = fn is not None or bool(given)
+        out.append(plan.Kernel(v, s, evaluate(s).seconds))
+    return out
+
+
+def fam_symbol(fam: Family) -> str:
+    return next(iter(fam.syms))
+
+
+def build_family(fam: Family, backend, machine, fn: Callable | None = None, knobs=None,
+                 values: list[int] | None = None, **options) -> DynamicArtifact:
+    """Compile `fam` once for the whole range of its symbol (see the module's text)."""
+    fn = fn or default_schedule(fam.name)
+    dims, ladder = rungs(fam, machine, fn)
+    if runtime_rows(fam, backend, dims, options):
+        return _build_symbolic(fam, backend, machine, fn, knobs, dims, values)
+    values = sorted(values or ladder)
+    if values[-1] < dims.symbol.upper and dims.chunk_axis is None:
+        raise ScheduleError(f"{fam}: the kernels cover {dims.symbol.name} up to {values[-1]}, "
+                            f"below the bound {dims.symbol.upper}, and {dims.symbol.name} "
+                            f"cannot be cut in chunks here; include the bound")
+    kernels = kernels_for(fam, machine, fn, values, knobs)
+    tab = plan.table(kernels, dims.symbol.upper, dims.chunk_axis is not None)
+    for n in sorted(tab.used()):
+        kernels[n].artifact = backend.build(kernels[n].schedule, **options)
+    return DynamicArtifact(fam, dims, kernels, tab)
+
+
+def runtime_rows(fam: Family, backend, dims: Dims, options: dict) -> bool:
+    """Whether the symbol can be the kernels' run-time row count: a GEMM's rows, on a back
+    end that compiles such kernels, with no build options it would have to honour."""
+    return (dims.plain and symbolic.supports(fam.upper(), dims.axes)
+            and hasattr(backend, "build_symbolic") and not options)
+
+
+def _build_symbolic(fam, backend, machine, fn, knobs, dims: Dims, values) -> DynamicArtifact:
+    """Kernels with run-time rows, one per range of a doubling ladder (`microkernel`)."""
+    from ..backend import get_backend
+    from ..errors import BackendUnavailable
+
+    try:
+        check = get_backend(machine.backend).check
+    except BackendUnavailable:
+        check = None
+    sym = dims.symbol
+    ladder = values or plan.ladder(min(sym.upper, SYMBOLIC_TOP), 1, True, ratio=2)
+    given = knobs if knobs and not all(isinstance(k, int) for k in knobs) else None
+    kernels = microkernel.kernels(fam, machine, fn, dims.axes, sorted(ladder), sym.upper,
+                                  given, check)
+    if knobs and given is None:  # tuned knobs per range top
+        kernels = [_fixed_kernel(fam, machine, fn, k, knobs[k.value]) if k.value in knobs
+                   else k for k in kernels]
+    for k in kernels:
+        k.artifact = backend.build_symbolic(k.schedule, k.blocks)
+    return DynamicArtifact(fam, dims, kernels, microkernel.table(fam, kernels))
+
+
+def _fixed_kernel(fam, machine, fn, k: plan.Kernel, knobs: dict) -> plan.Kernel:
+    from ..build import record
+
+    s = record(fam.at(**{fam_symbol(fam): k.value}), machine, fn, knobs)
+    s.as_written = True
+    return plan.Kernel(k.value, s, evaluate(s).seconds,
+                       blocks=symbolic.blocks_of(s, tuple(k.blocks)), fn=fn)
