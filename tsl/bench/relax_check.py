@@ -1,7 +1,8 @@
 """`python -m tsl.bench --check-relax`: does the bench's time of a conv hold inside a model?
 
-A CPU row's time is what a caller pays per call (`art.bind` of the weights, then padding,
-packing and cropping on every call). A model compiled by `tsl.relax.pipeline` pays the same
+A CPU row's time is what a caller pays per call for resident inputs (`art.bind` of the
+weights, then on every call the activation's padding and packing into the bound function's
+TVM tensors and the output's cropping; no NumPy copies in or out). A model compiled by `tsl.relax.pipeline` pays the same
 work in its own way (layout conversion at the graph's entry and exit, the weight packed at
 compile time), so the two should agree: this builds a one-conv Relax model (the ResNet-18
 layer 1x64x56x56 -> 64, 3x3, NCHW, by default) through `tsl.relax.pipeline("cpu")`, checks
@@ -54,7 +55,8 @@ def check(rounds: int = 5, tolerance: float = 0.15, conv: dict | None = None) ->
     Both sides are timed the way the bench times a row (`Artifact.user_time`: warm-up calls,
     the median of single calls, a settle pause first), alternately, and the medians
     over `rounds` compared, so that the ratio is the model's work against the row's, not one
-    harness against another (TVM's time_evaluator runs many calls in a loop)."""
+    harness against another (TVM's time_evaluator runs many calls in a loop). The model
+    gets a TVM tensor too, so neither side times a copy from NumPy."""
     import tvm
 
     from .models import compile_model

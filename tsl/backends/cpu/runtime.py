@@ -54,14 +54,33 @@ class CPUArtifact(Artifact):
                                      f"run it under QEMU with `.emulate()`, or build it without "
                                      f"cross=True on such a host to time it")
 
-    def _tensors(self, packed):
+    def resident(self) -> bool:
+        """Whether bound functions keep their arguments as TVM tensors (`Bound`): not when
+        the kernel runs under QEMU or cannot run here (those go through `_execute`)."""
+        return not (self.emulated or self.cross)
+
+    def device_empty(self, shape, dtype: str):
+        """An uninitialised TVM tensor on this host (TVM's allocator aligns it)."""
         import tvm
 
-        dev = tvm.cpu(0)
-        args = [tvm.runtime.tensor(x, dev) for x in packed]
+        return tvm.runtime.empty(tuple(shape), dtype, tvm.cpu(0))
+
+    def device_tensor(self, x: np.ndarray):
+        """A TVM tensor holding a copy of `x` (aligned, unlike NumPy's own buffer)."""
+        import tvm
+
+        return tvm.runtime.tensor(np.ascontiguousarray(x), tvm.cpu(0))
+
+    def run_resident(self, args) -> None:
+        """One kernel call on TVM tensors (the output last), nothing copied."""
+        self._runnable()
+        set_threads(self.machine.cores())
+        self.executable(*args)
+
+    def _tensors(self, packed):
         out = self.ctx.op.output
-        args.append(tvm.runtime.empty(out.shape, out.dtype, dev))
-        return args
+        return [self.device_tensor(x) for x in packed] + [self.device_empty(out.shape,
+                                                                             out.dtype)]
 
     def _execute(self, packed):
         if self.emulated:
@@ -70,10 +89,8 @@ class CPUArtifact(Artifact):
             out = self.ctx.op.output
             return emulator.run(self.executable.mod, self.machine, list(packed),
                                 np.empty(out.shape, np_dtype(out.dtype)))
-        self._runnable()
-        set_threads(self.machine.cores())
         args = self._tensors(packed)
-        self.executable(*args)
+        self.run_resident(args)
         return args[-1].numpy()
 
     def time(self, *arrays, number: int = 5, repeat: int = 5) -> float:
