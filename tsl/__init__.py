@@ -11,7 +11,8 @@ TVM is imported only when something is lowered, so `import tsl` stays fast.
 import importlib
 
 from . import model, ops
-from .build import build, schedule
+from .build import build
+from .record import schedule
 from .errors import (BackendUnavailable, InputError, LoweringError, OptionError, ScheduleError,
                      TAMError, TSLError)
 from .primitives.schedule import Loop, Schedule

@@ -29,7 +29,7 @@ import time
 
 from ..backend import resolve_target, targets
 from ..tam import load
-from ..build import record
+from ..record import record
 from .. import timing
 from ..errors import BackendUnavailable, TSLError
 from . import alone, model_check, search

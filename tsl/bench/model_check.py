@@ -22,7 +22,7 @@ import random
 import numpy as np
 
 from ..backend import resolve_target
-from ..build import record
+from ..record import record
 from ..errors import TSLError
 from ..model import evaluate, record_fixed
 from ..schedules import default_schedule

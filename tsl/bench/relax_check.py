@@ -20,7 +20,7 @@ import numpy as np
 from .. import ops, timing
 from ..artifact import call_times
 from ..backend import resolve_target
-from ..build import record
+from ..record import record
 
 CONV = dict(n=1, c=64, hw=56, k=64, r=3, pad=1)
 REPEAT = 5  # single calls per timing, as the CPU rows' `user_time(repeat=5)`

@@ -4,7 +4,7 @@ program counts only after it is verified against NumPy."""
 
 from __future__ import annotations
 
-from ..build import record
+from ..record import record
 from ..errors import LoweringError
 from ..tune import tune
 

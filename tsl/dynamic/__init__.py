@@ -32,7 +32,7 @@ def rungs(fam: Family, machine, fn: Callable | None = None) -> tuple[Dims, list[
     """The symbol's dims and the ladder of values kernels are recorded at. The granule is
     the tile a static build of the smallest value pads the symbol's axis to (the primitive's
     rows, a VTA GEMM's block of rows, an MXU's 128)."""
-    from ..build import record
+    from ..record import record
 
     dims = dims_of(fam)
     sym = dims.symbol
@@ -47,7 +47,7 @@ def kernels_for(fam: Family, machine, fn: Callable | None, values: list[int],
                 knobs: dict | None = None) -> list[plan.Kernel]:
     """One recorded schedule per value, `knobs` given per value ({value: knobs}) or one dict
     for all; knobs not given are the cost model's choice."""
-    from ..build import record
+    from ..record import record
 
     out = []
     for v in values:
@@ -111,7 +111,7 @@ def _build_symbolic(fam, backend, machine, fn, knobs, dims: Dims, values) -> Dyn
 
 
 def _fixed_kernel(fam, machine, fn, k: plan.Kernel, knobs: dict) -> plan.Kernel:
-    from ..build import record
+    from ..record import record
 
     s = record(fam.at(**{fam_symbol(fam): k.value}), machine, fn, knobs)
     s.as_written = True

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .tir_blocks import dtype_bits, root_blocks, spatial_only
 from .window import window
 
 
@@ -33,10 +34,6 @@ class VectorFacts:
         return max(1, self.vector_bits // dtype_bits)
 
 
-def _spatial_only(sch, block) -> bool:
-    return all(iv.iter_type == 0 for iv in sch.get(block).iter_vars)   # 0: data-parallel
-
-
 def injective(func, facts: VectorFacts):
     """Schedule an all-spatial PrimFunc: inline the producers, fuse the loops, parallel outer,
     vectorize inner. Returns the schedule, or None when `func` is not injective (reduction axes)."""
@@ -44,7 +41,7 @@ def injective(func, facts: VectorFacts):
 
     sch = s_tir.Schedule(func)
     blocks = root_blocks(sch)
-    if not blocks or not all(_spatial_only(sch, b) for b in blocks):
+    if not blocks or not all(spatial_only(sch, b) for b in blocks):
         return None
     # A fused chain (add -> relu): every producer is inlined into the last block, as TVM fused them.
     from tvm.s_tir.schedule import ScheduleError
@@ -59,7 +56,7 @@ def injective(func, facts: VectorFacts):
     if not loops:
         return None
     fused = sch.fuse(*loops)
-    bits = _dtype_bits(sch.get(blocks[0]).writes[0].source.dtype)
+    bits = dtype_bits(sch.get(blocks[0]).writes[0].source.dtype)
     lanes = facts.lanes(bits)
     outer, inner = sch.split(fused, factors=[None, lanes])
     sch.parallel(outer)
@@ -84,7 +81,7 @@ def rowwise(func, facts: VectorFacts):
         if not loops or kinds[0] != 0:
             return None
         rows = _row_loops(kinds, len(loops))
-        lanes = facts.lanes(_dtype_bits(sch.get(b).writes[0].source.dtype))
+        lanes = facts.lanes(dtype_bits(sch.get(b).writes[0].source.dtype))
         if len(loops) > 1 and all(k == 0 for k in kinds):
             _, inner = sch.split(loops[-1], factors=[None, lanes])
             sch.vectorize(inner)
@@ -130,19 +127,6 @@ def _vector_reduce(sch, block, lanes: int, rows: int) -> bool:
     _parallel_rows(sch, rf, rows)
     _parallel_rows(sch, block, rows)
     return True
-
-
-def root_blocks(sch) -> list:
-    """The blocks directly under the function's root block ([] when it has none)."""
-    try:
-        return sch.get_child_blocks(sch.get_sblock("root"))
-    except Exception:   # noqa: BLE001 — TVM raises a plain ScheduleError when absent
-        return []
-
-
-def _dtype_bits(dtype) -> int:
-    import tvm
-    return tvm.runtime.DataType(str(dtype)).bits
 
 
 RULES = (injective, window, rowwise)

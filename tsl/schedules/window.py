@@ -30,18 +30,18 @@ def window(func, facts):
     from tvm import s_tir
     from tvm.s_tir.schedule import ScheduleError
 
-    from .vector import _dtype_bits, _spatial_only, root_blocks
+    from .tir_blocks import dtype_bits, root_blocks, spatial_only
 
     sch = s_tir.Schedule(func)
     blocks = root_blocks(sch)
-    reds = [b for b in blocks if not _spatial_only(sch, b)]
+    reds = [b for b in blocks if not spatial_only(sch, b)]
     if len(reds) != 1 or not _slides(sch.get(reds[0])):
         return None
     red = reds[0]
     at = blocks.index(red)
     try:
         last = _fold_consumers(sch, red, blocks[at + 1:])
-        lanes = facts.lanes(_dtype_bits(sch.get(last).writes[0].source.dtype))
+        lanes = facts.lanes(dtype_bits(sch.get(last).writes[0].source.dtype))
         plane, w_outer = _output_nest(sch, last, lanes)
         sch.compute_at(red, w_outer, preserve_unit_loops=True)
         _vectorize_accumulation(sch, red)

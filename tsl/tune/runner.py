@@ -167,7 +167,7 @@ class PoolRunner(Runner):
 def _pool_job(payload: bytes) -> Outcome:
     import cloudpickle
 
-    from ..build import record
+    from ..record import record
 
     op, machine, fn, knobs, check, seed = cloudpickle.loads(payload)
     return build_and_measure(record(op, machine, fn, knobs), check, seed,

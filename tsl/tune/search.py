@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from ..backend import resolve_target
-from ..build import record as record_schedule
+from ..record import record as record_schedule
 from ..errors import BackendUnavailable, ScheduleError, TSLError
 from ..model import evaluate
 from ..primitives.schedule import Schedule
