@@ -51,8 +51,6 @@ host), not while the tuner builds candidates and ranks them.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import math
 import shutil
@@ -70,6 +68,7 @@ from tsl.backend import resolve_target  # noqa: E402
 from tsl.backends.vta import classic  # noqa: E402
 from tsl.tune.database import knobs_key  # noqa: E402
 from tsl.tune.opspec import parse  # noqa: E402
+from tsl.timing import exclusive  # noqa: E402
 
 WITHIN = {"vta": 0.01, "cpu": 0.03}  # default tolerance: deterministic cycles / measured times
 
@@ -91,24 +90,11 @@ class Memo(tune.Runner):
                 for s in schedules]
         new = [(k, s) for k, s in zip(keys, schedules) if k not in self.outcomes]
         if new:
-            with locked(self.lock):
+            with exclusive(self.lock):
                 outs = self.inner.run([s for _, s in new], schedule_fn)
             for (k, _), o in zip(new, outs):
                 self.outcomes[k] = o
         return [self.outcomes[k] for k in keys]
-
-
-@contextlib.contextmanager
-def locked(path: str | None):
-    if path is None:
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def operator(name: str):
@@ -125,7 +111,7 @@ def remeasure(op, target: str, configs: list[dict], times: int,
     arts = [tsl.build(op, target, knobs=k) for k in configs]
     again: list[list[float]] = [[] for _ in arts]
     for _ in range(times):
-        with locked(lock):
+        with exclusive(lock):
             for a, art in zip(again, arts):
                 a.append(float(backend.measure(art).seconds))
     return again

@@ -85,3 +85,25 @@ def realtime():
                 policy, prio = before.get(tid, this)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.sched_setscheduler(tid, policy, os.sched_param(prio))
+
+
+LOCK_ENV = "TSL_TIMING_LOCK"
+
+
+@contextlib.contextmanager
+def exclusive(path: str | None = None):
+    """Hold an exclusive lock on file `path` (default: ``$TSL_TIMING_LOCK``; neither: no lock)
+    while a measurement runs, so that cooperating processes sharing a host (several benches,
+    a tuner) never time at the same moment."""
+    path = path or os.environ.get(LOCK_ENV)
+    if not path:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

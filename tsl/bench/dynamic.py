@@ -2,8 +2,9 @@
 
 Per family and value: the dynamic artifact (`tsl.build(family)`: built once) against a
 static build of that value, both called with their constants bound (`bind`), timed
-interleaved (median of `REPEAT` each, under an exclusive lock on /tmp/rt.lock so no other
-timing on the host overlaps), and the peers of the static operator timed alone
+interleaved (median of `REPEAT` each; with ``TSL_TIMING_LOCK=<file>`` under an exclusive lock
+on that file, `tsl.timing.exclusive`, so no cooperating timing on the host overlaps), and the
+peers of the static operator timed alone
 (`tsl.bench.alone`: PyTorch, NumPy; ONNX Runtime has no operator-level peer here). Also the
 family's compile time and its kernels. The ">= within 10%" numbers are read here, never
 asserted in tests.
@@ -11,17 +12,16 @@ asserted in tests.
 
 from __future__ import annotations
 
-import fcntl
 import math
 import time
-from contextlib import contextmanager
 
 import numpy as np
+
+from ..timing import exclusive
 
 VALUES = (1, 5, 16, 31, 64, 100, 128, 200, 333, 512, 1000, 2048)
 QUICK_VALUES = (1, 31, 100, 333)
 REPEAT = 9
-LOCK = "/tmp/rt.lock"
 
 
 def families(upper: int):
@@ -35,16 +35,6 @@ def families(upper: int):
             ("dense 768->2304", tsl.ops.dense(m, 768, 2304, epilogue=tsl.ops.bias())),
             ("attention scores 12 x s x s x 64", tsl.ops.batch_matmul(12, s, s, 64,
                                                                        transpose_b=True))]
-
-
-@contextmanager
-def exclusive():
-    with open(LOCK, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _interleaved(f, g, args_f, args_g) -> tuple[float, float]:
