@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,11 @@ SETTLE_SECONDS = 1.0
 
 
 def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    """The host's cores as the CPU back end counts them: tsl's thread pool is sized from the
+    same count (`tsl.relax.tvm_target`), so every party gets as many threads."""
+    from tsl.backends.cpu.host import info
+
+    return info().cores
 
 
 def make_model(name: str):

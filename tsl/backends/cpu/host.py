@@ -71,13 +71,18 @@ def _arch(name: str) -> str:
     return {"arm64": "aarch64", "amd64": "x86_64", "AMD64": "x86_64"}.get(name, name)
 
 
+@cache
+def _proc_cpuinfo() -> str:
+    """/proc/cpuinfo, read once ("" where the OS has none): flags, model, vendor, family."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def _os_flags() -> set[str] | None:
     """CPU flags as the OS reports them (None where it reports none we can read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    m = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.M)
+    m = re.search(r"^(?:flags|Features)\s*:(.*)$", _proc_cpuinfo(), re.M)
     if m:
         return set(m.group(1).split())
     if platform.system() == "Darwin":  # Apple silicon: every one of these has NEON and dotprod
@@ -95,10 +100,7 @@ def _os_flags() -> set[str] | None:
 
 def _cpuinfo(field: str) -> str | None:
     """The first value of `field` in /proc/cpuinfo (None where there is none)."""
-    try:
-        m = re.search(rf"^{field}\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
-    except OSError:
-        return None
+    m = re.search(rf"^{field}\s*:\s*(.*)$", _proc_cpuinfo(), re.M)
     return m.group(1).strip() if m else None
 
 
