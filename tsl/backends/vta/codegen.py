@@ -191,108 +191,142 @@ class Kernel:
 
 def read_tir(func) -> Kernel:
     """The loop/leaf tree of a scheduled PrimFunc (see the module docstring)."""
-    from tvm import ir, s_tir, tirx
-
+    reader = _TirReader()
     root = LoopNode("root", 1)
-    pads = {}
-    seen = {}  # data Var -> Buffer, for every buffer the body touches
+    reader.visit(func.body, root, {}, 1)
+    _set_chains(root)
+    return Kernel(root, reader.pads, {b.name: b for b in reader.seen.values()})
 
-    def regions(block, env):
-        for mb in block.match_buffers:
-            seen[mb.source.source.data] = mb.source.source
-        return {mb.source.source: [affine(r.min, env) for r in mb.source.region]
-                for mb in block.match_buffers}
 
-    def scope(buf):
-        return buf.scope().split(".")[-1]
+def _scope(buf) -> str:
+    return buf.scope().split(".")[-1]
 
-    def visit(stmt, parent, env, stages):
+
+class _TirReader:
+    """`read_tir`'s walk: the stages it replaces by DMA padding or by the argument itself
+    (`pads`, as `Kernel.pads`) and every buffer the body touches (`seen`: data Var ->
+    Buffer)."""
+
+    def __init__(self):
+        self.pads, self.seen = {}, {}
+
+    def visit(self, stmt, parent, env, stages):
+        from tvm import s_tir, tirx
+
         if isinstance(stmt, tirx.SeqStmt):
             for s in stmt.seq:
-                visit(s, parent, env, stages)
+                self.visit(s, parent, env, stages)
         elif isinstance(stmt, tirx.For):
             lp = LoopNode(stmt.loop_var.name, int(stmt.extent),
                           vthreads=int(stmt.annotations.get(VTHREADS, 1)),
                           stages=int(stmt.annotations.get(STAGES, 1)))
             parent.children.append(lp)
-            visit(stmt.body, lp, {**env, stmt.loop_var: Aff(0, {lp: 1})},
-                  lp.stages if STAGES in stmt.annotations else stages)
+            self.visit(stmt.body, lp, {**env, stmt.loop_var: Aff(0, {lp: 1})},
+                       lp.stages if STAGES in stmt.annotations else stages)
         elif isinstance(stmt, s_tir.SBlockRealize):
             blk = stmt.block
             inner = {**env, **{iv.var: affine(v, env)
                                for iv, v in zip(blk.iter_vars, stmt.iter_values)}}
             if not isinstance(blk.body, (tirx.BufferStore, tirx.Evaluate)):
-                visit(blk.body, parent, inner, stages)  # the root block
+                self.visit(blk.body, parent, inner, stages)  # the root block
                 return
-            leaf = block_leaf(blk, inner, pads)
+            leaf = self.block_leaf(blk, inner)
             if leaf is not None:
                 leaf.stages = stages
                 parent.children.append(leaf)
         else:
             raise LoweringError(f"the VTA codegen cannot lower this statement:\n{stmt}")
 
-    def block_leaf(blk, env, pads):
-        body = blk.body
-        if isinstance(body, tirx.Evaluate):
-            call = body.value
-            name = call.args[0].value if call.args else ""
-            regs = regions(blk, env)
-            by_scope = {scope(b): (b, idx) for b, idx in regs.items()}
-            if name == RESET_EXTERN:
-                return Leaf("reset", {"acc": by_scope["acc"]})
-            if name == GEMM_EXTERN:
-                return Leaf("gemm", {k: by_scope[k] for k in ("acc", "inp", "wgt")})
-        if isinstance(body, tirx.BufferStore):
-            dst = body.buffer
-            loads = []
-            _walk_loads(body.value, loads)
-            for b in [dst] + [l.source for l in loads]:
-                seen[b.data] = b
-            if isinstance(body.value, ir.Call) and body.value.op.name.endswith("if_then_else"):
-                # A zero-padding stage: the codegen reads its source with DMA padding, at the
-                # constant offset between the two.
-                from tvm.sym import Analyzer
+    def block_leaf(self, blk, env):
+        """The leaf of a block (None: a stage `pads` now stands for)."""
+        from tvm import tirx
 
-                (src,) = loads
-                offs = [Analyzer().simplify(a - b)
-                        for a, b in zip(src.indices, body.indices)]
-                if not all(isinstance(o, tirx.IntImm) for o in offs):
-                    raise LoweringError(f"padding stage {blk.name_hint} is not a shift")
-                pads[dst] = (src.source, src.source.name, [int(o.value) for o in offs])
-                return None
-            if (dst.scope() == "global" and isinstance(body.value, ir.TensorLoad)
-                    and len(body.indices) != len(body.value.indices)):
-                # A layout stage (s_tir keeps an argument and copies it into the new layout
-                # when it cannot rewrite it in place): the artifact already passes the argument
-                # in that layout, so the stage is the argument itself.
-                pads[dst] = (dst, body.value.source.name, [0] * len(body.indices))
-                return None
-            idx = [affine(i, env) for i in body.indices]
-            if scope(dst) in ENTRY_DIMS and isinstance(body.value, ir.TensorLoad):
-                src = body.value.source
-                return Leaf("copy", {"dst": (dst, idx),
-                                     "src": (src, [affine(i, env) for i in body.value.indices])})
-            accs = [l for l in loads if scope(l.source) == "acc"]
-            if accs and dst.scope() == "global":
-                acc = accs[0]
-                access = {"out": (dst, idx),
-                          "acc": (acc.source, [affine(i, env) for i in acc.indices])}
-                for l in loads:
-                    # The bias is a channel vector; the residual has the output's dims.
-                    if scope(l.source) != "acc":
-                        role = "bias" if len(l.indices) == 1 else "residual"
-                        access[role] = (l.source, [affine(i, env) for i in l.indices])
-                return Leaf("epilogue", access)
-            if blk.name_hint == "out" and not loads:
-                raise LoweringError(f"the epilogue makes every output the constant {body.value} "
-                                    "(TVM folded it: clip bounds that leave one value), so the "
-                                    "output does not depend on the accumulator; VTA stores "
-                                    "accumulator tiles only. Use clip bounds lo < hi")
+        if isinstance(blk.body, tirx.BufferStore):
+            return self._store_leaf(blk, env)
+        leaf = self._call_leaf(blk, env)
+        if leaf is None:
+            raise LoweringError(f"the VTA codegen does not know block {blk.name_hint!r}")
+        return leaf
+
+    def _regions(self, block, env):
+        for mb in block.match_buffers:
+            self.seen[mb.source.source.data] = mb.source.source
+        return {mb.source.source: [affine(r.min, env) for r in mb.source.region]
+                for mb in block.match_buffers}
+
+    def _call_leaf(self, blk, env):
+        """The reset or GEMM leaf of an intrinsic call (None: another call)."""
+        call = blk.body.value
+        name = call.args[0].value if call.args else ""
+        by_scope = {_scope(b): (b, idx) for b, idx in self._regions(blk, env).items()}
+        if name == RESET_EXTERN:
+            return Leaf("reset", {"acc": by_scope["acc"]})
+        if name == GEMM_EXTERN:
+            return Leaf("gemm", {k: by_scope[k] for k in ("acc", "inp", "wgt")})
+        return None
+
+    def _store_leaf(self, blk, env):
+        """The copy or epilogue leaf of a BufferStore block; None for a padding or layout
+        stage (recorded in `pads`); LoweringError for a block the codegen does not know."""
+        from tvm import ir
+
+        body = blk.body
+        dst = body.buffer
+        loads = []
+        _walk_loads(body.value, loads)
+        for b in [dst] + [l.source for l in loads]:
+            self.seen[b.data] = b
+        if self._stage(blk, loads):
+            return None
+        idx = [affine(i, env) for i in body.indices]
+        if _scope(dst) in ENTRY_DIMS and isinstance(body.value, ir.TensorLoad):
+            src = body.value.source
+            return Leaf("copy", {"dst": (dst, idx),
+                                 "src": (src, [affine(i, env) for i in body.value.indices])})
+        accs = [l for l in loads if _scope(l.source) == "acc"]
+        if accs and dst.scope() == "global":
+            acc = accs[0]
+            access = {"out": (dst, idx),
+                      "acc": (acc.source, [affine(i, env) for i in acc.indices])}
+            for l in loads:
+                # The bias is a channel vector; the residual has the output's dims.
+                if _scope(l.source) != "acc":
+                    role = "bias" if len(l.indices) == 1 else "residual"
+                    access[role] = (l.source, [affine(i, env) for i in l.indices])
+            return Leaf("epilogue", access)
+        if blk.name_hint == "out" and not loads:
+            raise LoweringError(f"the epilogue makes every output the constant {body.value} "
+                                "(TVM folded it: clip bounds that leave one value), so the "
+                                "output does not depend on the accumulator; VTA stores "
+                                "accumulator tiles only. Use clip bounds lo < hi")
         raise LoweringError(f"the VTA codegen does not know block {blk.name_hint!r}")
 
-    visit(func.body, root, {}, 1)
-    _set_chains(root)
-    return Kernel(root, pads, {b.name: b for b in seen.values()})
+    def _stage(self, blk, loads) -> bool:
+        """Whether the block is a padding or layout stage, recorded in `pads` (the codegen
+        reads its source with DMA padding, or the argument as it is)."""
+        from tvm import ir, tirx
+
+        body = blk.body
+        dst = body.buffer
+        if isinstance(body.value, ir.Call) and body.value.op.name.endswith("if_then_else"):
+            # A zero-padding stage: the codegen reads its source with DMA padding, at the
+            # constant offset between the two.
+            from tvm.sym import Analyzer
+
+            (src,) = loads
+            offs = [Analyzer().simplify(a - b) for a, b in zip(src.indices, body.indices)]
+            if not all(isinstance(o, tirx.IntImm) for o in offs):
+                raise LoweringError(f"padding stage {blk.name_hint} is not a shift")
+            self.pads[dst] = (src.source, src.source.name, [int(o.value) for o in offs])
+            return True
+        if (dst.scope() == "global" and isinstance(body.value, ir.TensorLoad)
+                and len(body.indices) != len(body.value.indices)):
+            # A layout stage (s_tir keeps an argument and copies it into the new layout
+            # when it cannot rewrite it in place): the artifact already passes the argument
+            # in that layout, so the stage is the argument itself.
+            self.pads[dst] = (dst, body.value.source.name, [0] * len(body.indices))
+            return True
+        return False
 
 
 def _walk_loads(e, out):
@@ -352,48 +386,28 @@ class _Insn:
     writes: list
 
 
-class _Emitter:
-    def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool = False,
-                 keep_tiles: bool = False, share_tiles: bool = False,
-                 thread_major: bool = True, batch_uops: bool = False,
-                 split_tail: bool = False):
-        self.k, self.op, self.c = kernel, op, config
-        self.row_pitch, self.keep_tiles = row_pitch, keep_tiles
-        self.share_tiles, self.thread_major = share_tiles, thread_major
-        self.batch_uops, self.split_tail = batch_uops, split_tail
-        # Where each thread's tile of a scratchpad buffer is, and what each slot holds: a
-        # slot is (owning thread, pipeline slot); a shared tile sits in one thread's slot.
-        self.where = {}  # scratchpad buffer -> {thread: the slot its reads find the tile in}
-        self.holds = {}  # (scratchpad buffer, slot) -> (source, origin) of its last LOAD
-        self.shared_fills = {}  # scratchpad buffer -> shared LOADs so far (picks the owner)
-        self.pending_reset = {}  # thread -> (reset leaf, loop values) not issued yet
-        self.readers = {}  # inp scratchpad buffer -> the GEMM leaves that read it
-        self._steps = {}  # scratchpad buffer -> row step per tile dim (see `steps`)
-        self.out: list[_Insn] = []
-        self.uop_words: list[np.ndarray] = []
-        self.uop_seg = 0
-        self.uop_cache: dict = {}
-        self.uop_top = 0
-        self.fill_count: dict = {}  # (scratchpad buffer, thread) -> LOADs into its slots
+class _Layout:
+    """What the kernel's tree says about its tiles, read once before anything is emitted: the
+    leaf that defines each scratchpad buffer's tile and the GEMMs that read it, the virtual
+    threads, the loops with no leaf below, the ACC entries each thread reserves for the bias
+    and the residual, the epilogue instances a walk emits; and from these each tile's shape,
+    row steps and slot addresses."""
+
+    def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool):
+        self.k, self.op, self.c, self.row_pitch = kernel, op, config, row_pitch
         self.threads = 1
-        self.dram = {}
-        top = DRAM_ALIGN
-        for b in [kernel.buffers[t.name] for t in op.inputs + (op.output,)]:
-            nbytes = int(np.prod([int(d) for d in b.shape])) * np.dtype(b.dtype).itemsize
-            self.dram[b.name] = (top, nbytes)
-            top = -(-(top + nbytes) // DRAM_ALIGN) * DRAM_ALIGN
         self.defining = {}  # scratchpad buffer -> the leaf that defines its tile
         self.chain_root = {}  # a leaf's outermost own loop -> the leaf
-        self.bias_entries = 0
-        self.scratch_zeroed = set()  # threads whose hazard-padding ACC entries are zeroed
+        self.readers = {}  # inp scratchpad buffer -> the GEMM leaves that read it
         self.leafless = set()  # loops with no leaf below (a padding stage the DMA replaces)
+        self.bias_entries = 0
+        self._steps = {}  # scratchpad buffer -> row step per tile dim (see `steps`)
         self._index(kernel.root)
         self.residual_entries = self._residual_entries()
-        self.epilogues_left = {}  # epilogue leaf -> its instances not emitted yet
+        self.epilogues = {}  # epilogue leaf -> its instances a walk of the tree emits
         self._count_epilogues(kernel.root, 1)
         self.depth = {"inp": config.inp_depth, "wgt": config.wgt_depth, "acc": config.acc_depth}
 
-    # -- setup -------------------------------------------------------------------------------
     def _index(self, node) -> bool:
         """Index the leaves below `node`; whether there are any."""
         found = False
@@ -415,17 +429,17 @@ class _Emitter:
             elif ch.kind == "epilogue":
                 self.defining[ch.access["acc"][0]] = ch
                 if "bias" in ch.access:
-                    self.bias_entries = max(self.bias_entries, self._bias_entries(ch))
+                    self.bias_entries = max(self.bias_entries, self.bias_entries_of(ch))
         return found
 
     def _count_epilogues(self, node, n):
-        """Add to `epilogues_left` the instances (one per loop value and thread) that walking
+        """Add to `epilogues` the instances (one per loop value and thread) that walking
         `node` `n` times emits of each epilogue leaf below it (see `walk`)."""
         for ch in node.children:
-            leaf = self._leaf(ch)
+            leaf = self.leaf(ch)
             if leaf is not None:
                 if leaf.kind == "epilogue":
-                    self.epilogues_left[leaf] = self.epilogues_left.get(leaf, 0) + n
+                    self.epilogues[leaf] = self.epilogues.get(leaf, 0) + n
             elif ch not in self.leafless:
                 self._count_epilogues(ch, n * ch.extent)
 
@@ -445,7 +459,7 @@ class _Emitter:
                                 "residual; use smaller tiles")
         return min(max(tiles), free)
 
-    def _bias_entries(self, leaf):
+    def bias_entries_of(self, leaf):
         idx = leaf.access["bias"][1][0]
         return -(-idx.span(leaf.chain) // self.c.block_out)
 
@@ -508,109 +522,37 @@ class _Emitter:
                                 f"virtual thread(s) has {share}; use smaller tiles")
         return tid * share + slot * entries
 
-    def local(self, buf, idx, env, tid):
-        """Affine form, over the leaf's own loops, of the scratchpad entry `idx` addresses."""
-        leaf, role, e, shape, strides = self.tile(buf)
-        kind = buf.scope().split(".")[-1]
-        owner, slot = (self.where.get(buf, {}).get(tid, (tid, 0)) if leaf.kind == "copy"
-                       else (tid, 0))
-        origin = [a.at(env, leaf.chain) for a in leaf.access[role][1][:-e]]
-        form = Aff(self.slot_base(buf, owner, slot))
-        for d, (a, g) in enumerate(zip(idx[:-e], self.steps(buf))):
-            loc = Aff(a.at(env) - origin[d], a.loops(env))
-            if loc.const % g or any(v % g for v in loc.terms.values()):
-                raise LoweringError(f"{buf.name}: an access reads a row between the rows "
-                                    f"(every {g}th) the tile holds")
-            form = form + Aff(loc.const // g, {l: v // g for l, v in loc.terms.items()}
-                              ).scale(strides[d])
-        return kind, form
-
-    # -- walking -----------------------------------------------------------------------------
-    def run(self) -> Program:
-        self.walk(self.k.root, [(0, {})])
-        # FINISH reads what every STORE "writes": the run's results in DRAM, so that it waits
-        # for the last STORE (the host reads DRAM as soon as FINISH executes).
-        self.out.append(_Insn(Finish(), DONE, []))
-        if self.batch_uops:
-            self.out = _batch_uop_loads(self.out)
-        insns = add_tokens(self.out)
-        uops = (np.concatenate(self.uop_words) if self.uop_words
-                else np.zeros(0, np.uint32))
-        return Program(insns, uops, dict(self.dram), self.c)
-
-    def walk(self, node, envs):
-        """Emit `node`'s children for every (thread, loop values) in `envs`; leaves are emitted
-        for all threads in turn, a virtual-thread loop multiplies the threads. A run of
-        copies (the operand tiles of one step) is emitted thread by thread instead: the first
-        thread's GEMMs need only its own tiles, which then load first (`thread_major`)."""
-        children = list(node.children)
-        i = 0
-        while i < len(children):
-            ch = children[i]
-            leaf = self._leaf(ch)
-            if self._copy_leaf(ch) is not None:
-                run = []
-                while i < len(children) and (copy := self._copy_leaf(children[i])) is not None:
-                    run.append(self.leaf_copy(copy, envs))
-                    i += 1
-                order = ([(t, r) for t, _ in envs for r in run] if self.thread_major
-                         else [(t, r) for r in run for t, _ in envs])
-                for tid, loads in order:
-                    for load in loads.get(tid, ()):
-                        load()
-                continue
-            i += 1
-            if leaf is not None:
-                for tid, env in envs:
-                    if leaf.kind == "reset" and self.threads > 1:
-                        # Zeroing a thread's accumulator waits for the write-back of its last
-                        # tile; issued just before the thread's first GEMM on it, the other
-                        # threads' work runs meanwhile instead of that wait.
-                        self.pending_reset[tid] = (leaf, env)
-                        continue
-                    if leaf.kind in ("gemm", "epilogue") and tid in self.pending_reset:
-                        self.leaf_reset(*self.pending_reset.pop(tid), tid)
-                    getattr(self, "leaf_" + leaf.kind)(leaf, env, tid)
-            elif ch in self.leafless:
-                continue  # nothing to emit: do not walk its iterations
-            elif ch.vthreads > 1:
-                n = ch.vthreads
-                for v in range(0, ch.extent, n):
-                    self.walk(ch, [(t, {**env, ch: v + t}) for _, env in envs for t in range(n)])
-            else:
-                for v in range(ch.extent):
-                    self.walk(ch, [(t, {**env, ch: v}) for t, env in envs])
-
-    def _leaf(self, ch):
+    def leaf(self, ch):
         """The leaf `ch` is, or the one its chain of single loops ends in (None: a loop)."""
         return ch if isinstance(ch, Leaf) else self.chain_root.get(ch)
 
-    def _copy_leaf(self, ch):
-        leaf = self._leaf(ch)
+    def copy_leaf(self, ch):
+        leaf = self.leaf(ch)
         return leaf if leaf is not None and leaf.kind == "copy" else None
 
-    # -- leaves ------------------------------------------------------------------------------
-    def leaf_copy(self, leaf, envs) -> dict:
-        """The LOADs of a tile for every (thread, loop values) in `envs`, as {thread: the
-        functions that emit the LOADs at its turn}; the slots are chosen now. A thread whose
-        slot already holds the region loads nothing (`keep_tiles`: a tile staged under loops
-        it does not depend on is loaded once per change). With `share_tiles`, threads that
-        need the same region read one copy of it: one LOAD, into a slot of one of them (see
-        `_free_slot`). The tokens follow from what each instruction reads and writes
-        (`add_tokens`): the next LOAD into a slot waits for every thread's last GEMM on it."""
-        dst, didx = leaf.access["dst"]
-        src, sidx = leaf.access["src"]
-        name, offs = src.name, [0] * len(sidx)
-        if src in self.k.pads:
-            src, name, offs = self.k.pads[src]
-        region = {tid: (name, tuple(a.at(env, leaf.chain) + o for a, o in zip(sidx, offs)))
-                  for tid, env in envs}
+class _Slots:
+    """Which slot of a scratchpad buffer each thread's tile is in and what each slot holds:
+    a slot is (owning thread, pipeline slot); a shared tile sits in one thread's slot."""
+
+    def __init__(self, threads: int, keep_tiles: bool, share_tiles: bool):
+        self.threads, self.keep_tiles, self.share_tiles = threads, keep_tiles, share_tiles
+        self.where = {}  # scratchpad buffer -> {thread: the slot its reads find the tile in}
+        self.holds = {}  # (scratchpad buffer, slot) -> (source, origin) of its last LOAD
+        self.shared_fills = {}  # scratchpad buffer -> shared LOADs so far (picks the owner)
+        self.fill_count: dict = {}  # (scratchpad buffer, thread) -> LOADs into its slots
+
+    def place(self, dst, region: dict, envs, stages: int) -> list:
+        """Slots for the tiles of `dst` that the (thread, loop values) of `envs` need
+        (`region[thread]`: what each reads); the (thread, loop values) that LOAD one, each at
+        its turn. A thread whose slot already holds its region loads nothing (`keep_tiles`);
+        with `share_tiles`, threads that need the same region read one copy of it, loaded at
+        the turn of the first of them."""
         where = self.where.setdefault(dst, {})
         need = [tid for tid, _ in envs if not self.keep_tiles
                 or self.holds.get((dst, where.get(tid))) != region[tid]]
         # Slots read by threads that keep their tile this round are not overwritten.
         busy = {slot for t, slot in where.items() if t not in need}
-        loads = {}
+        loads = []
         for tid, env in envs:
             if tid not in need:
                 continue
@@ -618,19 +560,15 @@ class _Emitter:
             group = [t for t in need if region[t] == r] if self.share_tiles else [tid]
             if group[0] != tid:  # loaded at the turn of the group's first thread
                 continue
-            slot = self._free_slot(dst, group, busy, max(leaf.stages, 1))
+            slot = self.free_slot(dst, group, busy, stages)
             busy.add(slot)
             self.holds[(dst, slot)] = r
             for t in group:
                 where[t] = slot
-            kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
-            _, _, e, shape, _ = self.tile(dst)
-            loads.setdefault(tid, []).append(functools.partial(
-                self.dma, Load, MEM_OF[kind], src, name, list(r[1][:-e]), shape, base.const,
-                kind, pad=bool(any(offs)), steps=self.steps(dst)))
+            loads.append((tid, env))
         return loads
 
-    def _free_slot(self, dst, group, busy, stages):
+    def free_slot(self, dst, group, busy, stages):
         """The slot for the next LOAD of `dst` that the threads of `group` read: the owner's
         next pipeline slot, else the first slot of any thread that no thread still reads.
         A group of several threads takes its owners in turn where a thread has one slot
@@ -651,6 +589,163 @@ class _Emitter:
                                 "a thread still reads); use more pipeline stages")
         self.fill_count[(dst, slot[0])] = self.fill_count.get((dst, slot[0]), 0) + 1
         return slot
+
+class _UopBuffer:
+    """The micro-op kernels in the UOP buffer: the uop segment's words so far, the kernels
+    the buffer holds now and where."""
+
+    def __init__(self, config: VTAConfig):
+        self.c = config
+        self.words: list[np.ndarray] = []
+        self.seg = 0  # uops in the segment so far (where the next kernel's LOAD reads)
+        self.cache: dict = {}  # encoded kernel -> its [begin, end) in the buffer
+        self.top = 0
+
+    def place(self, uops) -> tuple[tuple[int, int], _Insn | None]:
+        """[begin, end) of `uops` in the UOP buffer, and the LOAD UOP that brings them (None:
+        already there); the buffer is refilled from the start when full."""
+        words = encode_uops(uops, self.c)
+        key = words.tobytes()
+        if key in self.cache:
+            return self.cache[key], None
+        n = len(words)
+        if self.top + n > self.c.uop_depth:
+            self.cache.clear()
+            self.top = 0
+        self.words.append(words)
+        load = _Insn(Load(Mem.UOP, self.top, self.seg, 1, n, n), [],
+                     [("uop", self.top, self.top + n)])
+        self.cache[key] = (self.top, self.top + n)
+        self.seg += n
+        self.top += n
+        return self.cache[key], load
+
+
+def _dram_plan(kernel: Kernel, op) -> dict:
+    """Where each kernel argument lives in DRAM: buffer name -> (byte address, bytes), each on
+    a DRAM_ALIGN boundary, in argument order."""
+    dram, top = {}, DRAM_ALIGN
+    for b in [kernel.buffers[t.name] for t in op.inputs + (op.output,)]:
+        nbytes = int(np.prod([int(d) for d in b.shape])) * np.dtype(b.dtype).itemsize
+        dram[b.name] = (top, nbytes)
+        top = -(-(top + nbytes) // DRAM_ALIGN) * DRAM_ALIGN
+    return dram
+
+
+class _Emitter:
+    """The walk of `emit` (module docstring): the instructions so far (`out`), with the tiles'
+    layout (`_Layout`), their slots (`_Slots`) and the UOP buffer (`_UopBuffer`)."""
+
+    def __init__(self, kernel: Kernel, op, config: VTAConfig, row_pitch: bool = False,
+                 keep_tiles: bool = False, share_tiles: bool = False,
+                 thread_major: bool = True, batch_uops: bool = False,
+                 split_tail: bool = False):
+        self.k, self.op, self.c = kernel, op, config
+        self.thread_major, self.batch_uops, self.split_tail = thread_major, batch_uops, split_tail
+        self.layout = _Layout(kernel, op, config, row_pitch)
+        self.slots = _Slots(self.layout.threads, keep_tiles, share_tiles)
+        self.uops = _UopBuffer(config)
+        self.out: list[_Insn] = []
+        self.dram = _dram_plan(kernel, op)
+        self.pending_reset = {}  # thread -> (reset leaf, loop values) not issued yet
+        self.scratch_zeroed = set()  # threads whose hazard-padding ACC entries are zeroed
+        self.epilogues_left = dict(self.layout.epilogues)  # epilogue leaf -> not emitted yet
+
+    def local(self, buf, idx, env, tid):
+        """Affine form, over the leaf's own loops, of the scratchpad entry `idx` addresses."""
+        leaf, role, e, shape, strides = self.layout.tile(buf)
+        kind = buf.scope().split(".")[-1]
+        owner, slot = (self.slots.where.get(buf, {}).get(tid, (tid, 0)) if leaf.kind == "copy"
+                       else (tid, 0))
+        origin = [a.at(env, leaf.chain) for a in leaf.access[role][1][:-e]]
+        form = Aff(self.layout.slot_base(buf, owner, slot))
+        for d, (a, g) in enumerate(zip(idx[:-e], self.layout.steps(buf))):
+            loc = Aff(a.at(env) - origin[d], a.loops(env))
+            if loc.const % g or any(v % g for v in loc.terms.values()):
+                raise LoweringError(f"{buf.name}: an access reads a row between the rows "
+                                    f"(every {g}th) the tile holds")
+            form = form + Aff(loc.const // g, {l: v // g for l, v in loc.terms.items()}
+                              ).scale(strides[d])
+        return kind, form
+
+    def run(self) -> Program:
+        self.walk(self.k.root, [(0, {})])
+        # FINISH reads what every STORE "writes": the run's results in DRAM, so that it waits
+        # for the last STORE (the host reads DRAM as soon as FINISH executes).
+        self.out.append(_Insn(Finish(), DONE, []))
+        if self.batch_uops:
+            self.out = _batch_uop_loads(self.out)
+        insns = add_tokens(self.out)
+        uops = (np.concatenate(self.uops.words) if self.uops.words
+                else np.zeros(0, np.uint32))
+        return Program(insns, uops, dict(self.dram), self.c)
+
+    def walk(self, node, envs):
+        """Emit `node`'s children for every (thread, loop values) in `envs`; leaves are emitted
+        for all threads in turn, a virtual-thread loop multiplies the threads. A run of
+        copies (the operand tiles of one step) is emitted thread by thread instead: the first
+        thread's GEMMs need only its own tiles, which then load first (`thread_major`)."""
+        children = list(node.children)
+        i = 0
+        while i < len(children):
+            ch = children[i]
+            leaf = self.layout.leaf(ch)
+            if self.layout.copy_leaf(ch) is not None:
+                run = []
+                while i < len(children) and (copy := self.layout.copy_leaf(children[i])) is not None:
+                    run.append(self.leaf_copy(copy, envs))
+                    i += 1
+                order = ([(t, r) for t, _ in envs for r in run] if self.thread_major
+                         else [(t, r) for r in run for t, _ in envs])
+                for tid, loads in order:
+                    for load in loads.get(tid, ()):
+                        load()
+                continue
+            i += 1
+            if leaf is not None:
+                for tid, env in envs:
+                    if leaf.kind == "reset" and self.layout.threads > 1:
+                        # Zeroing a thread's accumulator waits for the write-back of its last
+                        # tile; issued just before the thread's first GEMM on it, the other
+                        # threads' work runs meanwhile instead of that wait.
+                        self.pending_reset[tid] = (leaf, env)
+                        continue
+                    if leaf.kind in ("gemm", "epilogue") and tid in self.pending_reset:
+                        self.leaf_reset(*self.pending_reset.pop(tid), tid)
+                    getattr(self, "leaf_" + leaf.kind)(leaf, env, tid)
+            elif ch in self.layout.leafless:
+                continue  # nothing to emit: do not walk its iterations
+            elif ch.vthreads > 1:
+                n = ch.vthreads
+                for v in range(0, ch.extent, n):
+                    self.walk(ch, [(t, {**env, ch: v + t}) for _, env in envs for t in range(n)])
+            else:
+                for v in range(ch.extent):
+                    self.walk(ch, [(t, {**env, ch: v}) for t, env in envs])
+
+    def leaf_copy(self, leaf, envs) -> dict:
+        """The LOADs of a tile for every (thread, loop values) in `envs`, as {thread: the
+        functions that emit the LOADs at its turn}; the slots are chosen now. A thread whose
+        slot already holds the region loads nothing (`keep_tiles`: a tile staged under loops
+        it does not depend on is loaded once per change). With `share_tiles`, threads that
+        need the same region read one copy of it: one LOAD, into a slot of one of them (see
+        `_Slots.place`). The tokens follow from what each instruction reads and writes
+        (`add_tokens`): the next LOAD into a slot waits for every thread's last GEMM on it."""
+        dst, didx = leaf.access["dst"]
+        src, sidx = leaf.access["src"]
+        name, offs = src.name, [0] * len(sidx)
+        if src in self.k.pads:
+            src, name, offs = self.k.pads[src]
+        region = {tid: (name, tuple(a.at(env, leaf.chain) + o for a, o in zip(sidx, offs)))
+                  for tid, env in envs}
+        loads = {}
+        for tid, env in self.slots.place(dst, region, envs, max(leaf.stages, 1)):
+            kind, base = self.local(dst, didx, {**env, **{l: 0 for l in leaf.chain}}, tid)
+            _, _, e, shape, _ = self.layout.tile(dst)
+            loads.setdefault(tid, []).append(functools.partial(
+                self.dma, Load, MEM_OF[kind], src, name, list(region[tid][1][:-e]), shape,
+                base.const, kind, pad=bool(any(offs)), steps=self.layout.steps(dst)))
+        return loads
 
     def dma(self, cls, mem, gbuf, name, origin, shape, sram, kind, pad, steps=None):
         """2-D DMAs between a tile (dense, row-major over `shape`) and the global buffer region
@@ -733,7 +828,7 @@ class _Emitter:
         lanes = [l for l in leaf.chain if not any(a.terms.get(l) for a in idx[:-1])]
         chain = [l for l in leaf.chain if l not in lanes]
         obuf, oidx = leaf.access["out"]
-        _, _, _, shape, _ = self.tile(buf)
+        _, _, _, shape, _ = self.layout.tile(buf)
         origin = [a.at(env, leaf.chain) for a in oidx[:-1]]
         self.epilogues_left[leaf] -= 1
         pieces = [({}, origin, shape)]
@@ -783,12 +878,12 @@ class _Emitter:
         followed by one ALU ADD over the entries it brought. A tile larger than the entries
         reserved for the residual goes in boxes of whole rows of its inner dims, each
         contiguous in the tile."""
-        share = self.c.acc_depth // self.threads
-        sram = (tid + 1) * share - self.bias_entries - self.residual_entries
+        share = self.c.acc_depth // self.layout.threads
+        sram = (tid + 1) * share - self.layout.bias_entries - self.layout.residual_entries
         rbuf, _ = leaf.access["residual"]
-        j = next(d for d in range(len(shape)) if math.prod(shape[d + 1:]) <= self.residual_entries)
+        j = next(d for d in range(len(shape)) if math.prod(shape[d + 1:]) <= self.layout.residual_entries)
         inner = math.prod(shape[j + 1:])
-        rows = self.residual_entries // inner
+        rows = self.layout.residual_entries // inner
         for head in itertools.product(*[range(n) for n in shape[:j]]):
             for r0 in range(0, shape[j], rows):
                 box = [1] * j + [min(rows, shape[j] - r0)] + list(shape[j + 1:])
@@ -809,16 +904,15 @@ class _Emitter:
         first = bidx.at(env, leaf.chain)
         if first % c.block_out:
             raise LoweringError("the bias of a tile does not start on a block boundary")
-        share = c.acc_depth // self.threads
-        sram = (tid + 1) * share - self.bias_entries
-        n = self._bias_entries(leaf)
+        share = c.acc_depth // self.layout.threads
+        sram = (tid + 1) * share - self.layout.bias_entries
+        n = self.layout.bias_entries_of(leaf)
         addr, _ = self.dram[bbuf.name]
         self.out.append(_Insn(Load(Mem.ACC, sram, addr // c.acc_entry_bytes
                                    + first // c.block_out, 1, n, n),
                               [], [("acc", sram, sram + n)]))
         return Aff(sram, {l: v // c.block_out for l, v in bidx.loops().items() if l in chain})
 
-    # -- loop folding ------------------------------------------------------------------------
     def loop_insn(self, chain, forms, make, reads, writes, tid=0, acc_hazard=False):
         """GEMM/ALU instructions for the leaf's loops: loops that walk contiguously are merged,
         the two outermost left become iter_out and iter_in, the rest a uop kernel (of at most a
@@ -890,9 +984,9 @@ class _Emitter:
         """`n` ACC entries of thread `tid` that hazard-padding uops accumulate into: right
         below the bias entries at the end of the thread's share, zeroed (by a reset GEMM) the
         first time the thread uses them, so that no uop reads an entry nothing wrote."""
-        share = self.c.acc_depth // self.threads
-        base = (tid + 1) * share - self.bias_entries - self.residual_entries - HAZARD_DISTANCE
-        tiles = max((math.prod(self.tile(b)[3]) for b in self.defining
+        share = self.c.acc_depth // self.layout.threads
+        base = (tid + 1) * share - self.layout.bias_entries - self.layout.residual_entries - HAZARD_DISTANCE
+        tiles = max((math.prod(self.layout.tile(b)[3]) for b in self.layout.defining
                      if b.scope().split(".")[-1] == "acc"), default=0)
         if base < tid * share + tiles:
             raise ScheduleError(f"{self.op}: the accumulator tile leaves no room for the "
@@ -908,21 +1002,11 @@ class _Emitter:
 
     def uop_kernel(self, uops) -> tuple[int, int]:
         """[begin, end) of `uops` in the UOP buffer, loading them (LOAD UOP) unless already
-        there; the buffer is refilled from the start when full."""
-        words = encode_uops(uops, self.c)
-        key = words.tobytes()
-        if key not in self.uop_cache:
-            n = len(words)
-            if self.uop_top + n > self.c.uop_depth:
-                self.uop_cache.clear()
-                self.uop_top = 0
-            self.uop_words.append(words)
-            self.out.append(_Insn(Load(Mem.UOP, self.uop_top, self.uop_seg, 1, n, n), [],
-                                  [("uop", self.uop_top, self.uop_top + n)]))
-            self.uop_cache[key] = (self.uop_top, self.uop_top + n)
-            self.uop_seg += n
-            self.uop_top += n
-        return self.uop_cache[key]
+        there (`_UopBuffer.place`)."""
+        span, load = self.uops.place(uops)
+        if load is not None:
+            self.out.append(load)
+        return span
 
 
 def _fix(form: Aff, values: dict) -> Aff:
@@ -954,7 +1038,7 @@ def _tail_pieces(chain, oidx, dst, origin, shape):
 
 def _batch_uop_loads(items: list[_Insn]) -> list[_Insn]:
     """The LOAD UOPs of each fill of the UOP buffer (from one refill from the start to the
-    next, see `_Emitter.uop_kernel`) merged into one, issued where the fill's first LOAD was:
+    next, see `_UopBuffer.place`) merged into one, issued where the fill's first LOAD was:
     the kernels of a fill lie contiguously both in the buffer and in the uop segment, and
     only the compute module (in program order) reads or writes the UOP buffer, so loading a
     kernel before its turn changes nothing but the cost: one DMA row (dma_latency) per
@@ -1098,10 +1182,10 @@ def generate(func, op, config: VTAConfig, row_pitch: bool = False,
     """The VTA program of a scheduled PrimFunc, every instruction checked to encode (a field
     that does not fit is a build error naming the field and what to change, not a failure of
     the first run). `row_pitch`: input tiles hold only the rows the GEMMs read (the input
-    mover's `row_pitch`, see `_Emitter.steps`). `keep_tiles`: a copy of the region its
+    mover's `row_pitch`, see `_Layout.steps`). `keep_tiles`: a copy of the region its
     buffer already holds is skipped (the movers' `keeps_tiles`, see `_Emitter.leaf_copy`).
     `share_tiles`: virtual threads that need the same region of a buffer at once read one
-    copy of it (the movers' `shares_tiles`, see `_Emitter.leaf_copy`). `thread_major`: the
+    copy of it (the movers' `shares_tiles`, see `_Slots.place`). `thread_major`: the
     copies of a step are issued thread by thread (see `_Emitter.walk`), else each copy for
     every thread in turn, as TVM's virtual-thread injection does. `batch_uops`: one LOAD
     UOP per fill of the UOP buffer (`_batch_uop_loads`), else one per kernel, as TVM's

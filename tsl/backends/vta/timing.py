@@ -173,61 +173,82 @@ def run_pipeline(program: list, config: VTAConfig, execute=None) -> Stats:
     the tokens; vclock[m] is how many instructions of module MODULES[m] happen before (or are)
     this one through program order and tokens, which is what a race check needs."""
     check_structure(program)
-    stats = Stats(clock_hz=config.clock_hz)
-    per_module = {m: [] for m in MODULES}
-    for k, insn in enumerate(program):
-        per_module[module_of(insn)].append(k)
-    queues = {q: deque() for q in QUEUES}  # tokens: (push time, pusher's vclock)
-    ptr = dict.fromkeys(MODULES, 0)
-    free = dict.fromkeys(MODULES, 0)
-    vclock = {m: (0, 0, 0) for m in MODULES}
+    run = _Pipeline(program, config, execute)
     progress = True
     while progress:
         progress = False
         for mi, m in enumerate(MODULES):
-            order, dq = per_module[m], DEP_QUEUES[m]
-            while ptr[m] < len(order):
-                k = order[ptr[m]]
-                insn = program[k]
-                flags = insn.deps.names()
-                pops = [dq[f] for f in flags if f.startswith("pop")]
-                if any(not queues[q] for q in pops):
-                    break
-                start, vc = free[m], list(vclock[m])
-                for q in pops:
-                    t, tvc = queues[q].popleft()
-                    start = max(start, t)
-                    vc = [max(a, b) for a, b in zip(vc, tvc)]
-                vc[mi] = ptr[m] + 1
-                vc = tuple(vc)
-                if isinstance(insn, Finish):
-                    _check_finish(program, per_module, k, vc)
-                if execute is not None:
-                    execute(k, insn, vc)
-                dur = insn_cycles(insn, config)
-                free[m] = start + dur
-                stats.busy[m] += dur
-                for f in flags:
-                    if f.startswith("push"):
-                        queues[dq[f]].append((free[m], vc))
-                _count(stats, insn, config)
-                vclock[m] = vc
-                ptr[m] += 1
+            while run.ptr[m] < len(run.per_module[m]) and run.issue(mi):
                 progress = True
-    blocked = []
-    for m in MODULES:
-        if ptr[m] < len(per_module[m]):
-            k = per_module[m][ptr[m]]
-            insn = program[k]
-            empty = [DEP_QUEUES[m][f] for f in insn.deps.names()
-                     if f.startswith("pop") and not queues[DEP_QUEUES[m][f]]]
-            blocked.append(f"{m} #{k} ({format_insn(insn)}) waits on empty {', '.join(empty)}")
-    if blocked:
-        raise LoweringError("deadlock: " + "; ".join(blocked))
-    left = [f"{q} ({len(queues[q])})" for q in QUEUES if queues[q]]
-    if left:
-        raise LoweringError("tokens left in queues at the end of the program: "
-                            + ", ".join(left) + "; every push needs a matching pop, or the next "
-                            "program starts with stale tokens")
-    stats.cycles = free["compute"]  # FINISH's completion (see _check_finish)
-    return stats
+    run.check_drained()
+    run.stats.cycles = run.free["compute"]  # FINISH's completion (see _check_finish)
+    return run.stats
+
+
+class _Pipeline:
+    """Where `run_pipeline` stands: the token queues (each token its push time and the
+    pusher's vector clock) and, per module, its instructions in order, the next one (`ptr`),
+    when the module is free and its vector clock."""
+
+    def __init__(self, program: list, config: VTAConfig, execute):
+        self.program, self.config, self.execute = program, config, execute
+        self.stats = Stats(clock_hz=config.clock_hz)
+        self.per_module = {m: [] for m in MODULES}
+        for k, insn in enumerate(program):
+            self.per_module[module_of(insn)].append(k)
+        self.queues = {q: deque() for q in QUEUES}
+        self.ptr = dict.fromkeys(MODULES, 0)
+        self.free = dict.fromkeys(MODULES, 0)
+        self.vclock = {m: (0, 0, 0) for m in MODULES}
+
+    def issue(self, mi: int) -> bool:
+        """Issue the next instruction of module MODULES[mi] if every queue it pops holds a
+        token (else False): pop, execute, time it, push."""
+        m = MODULES[mi]
+        k = self.per_module[m][self.ptr[m]]
+        insn = self.program[k]
+        dq, flags = DEP_QUEUES[m], insn.deps.names()
+        pops = [dq[f] for f in flags if f.startswith("pop")]
+        if any(not self.queues[q] for q in pops):
+            return False
+        start, vc = self.free[m], list(self.vclock[m])
+        for q in pops:
+            t, tvc = self.queues[q].popleft()
+            start = max(start, t)
+            vc = [max(a, b) for a, b in zip(vc, tvc)]
+        vc[mi] = self.ptr[m] + 1
+        vc = tuple(vc)
+        if isinstance(insn, Finish):
+            _check_finish(self.program, self.per_module, k, vc)
+        if self.execute is not None:
+            self.execute(k, insn, vc)
+        dur = insn_cycles(insn, self.config)
+        self.free[m] = start + dur
+        self.stats.busy[m] += dur
+        for f in flags:
+            if f.startswith("push"):
+                self.queues[dq[f]].append((self.free[m], vc))
+        _count(self.stats, insn, self.config)
+        self.vclock[m] = vc
+        self.ptr[m] += 1
+        return True
+
+    def check_drained(self):
+        """After the last issue: a module with instructions left waits on an empty queue
+        (deadlock), or a queue still holds tokens; either is a LoweringError."""
+        blocked = []
+        for m in MODULES:
+            if self.ptr[m] < len(self.per_module[m]):
+                k = self.per_module[m][self.ptr[m]]
+                insn = self.program[k]
+                empty = [DEP_QUEUES[m][f] for f in insn.deps.names()
+                         if f.startswith("pop") and not self.queues[DEP_QUEUES[m][f]]]
+                blocked.append(f"{m} #{k} ({format_insn(insn)}) waits on empty "
+                               f"{', '.join(empty)}")
+        if blocked:
+            raise LoweringError("deadlock: " + "; ".join(blocked))
+        left = [f"{q} ({len(self.queues[q])})" for q in QUEUES if self.queues[q]]
+        if left:
+            raise LoweringError("tokens left in queues at the end of the program: "
+                                + ", ".join(left) + "; every push needs a matching pop, or the "
+                                "next program starts with stale tokens")
