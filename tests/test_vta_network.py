@@ -232,3 +232,33 @@ def test_a_downsampling_block_fuses_its_add_into_the_main_path_conv_and_runs_bit
     (got,), stats = tsl.relax.run_vta(q, cal[2])
     np.testing.assert_array_equal(got, want)
     assert len(stats["layers"]) == 2 and np.any(got)
+
+
+def _bound_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vta_network_bound.py"
+    spec = importlib.util.spec_from_file_location("vta_network_bound", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name,epilogue,near", [
+    ("C11", bias() + requantize(9, clip=(0, 127)), 1.05),
+    ("C5", bias() + tsl.ops.shift(9) + residual() + requantize(1, clip=(0, 127)), 1.05),
+    ("C10", bias() + requantize(9, clip=(-128, 127)), 1.5),
+], ids=["C11", "C5-residual", "C10"])
+def test_no_program_beats_the_compute_floor_of_benchmarks_vta_network_bound(name, epilogue,
+                                                                           near):
+    """The floor that benchmarks/vta_network_bound.py proves the 1.3x goal out of reach with is
+    below what tsl's program and the classic tiles take; tsl's 3x3 programs are within 5% of
+    it (the 1x1 C10, whose first tiles' load is exposed, within 50%)."""
+    hw, cin, cout, k, pad, stride = classic.LAYERS[name]
+    op = tsl.ops.conv2d(1, cin, hw, hw, cout, k, k, stride=stride, padding=pad, dtype="int8",
+                        epilogue=epilogue)
+    art = tsl.build(op, "vta")
+    floor, with_bias = _bound_script()._floors(op, art.program().config)
+    assert floor < with_bias <= art.estimate().cycles <= near * with_bias
+    assert with_bias <= classic.build(op, art.machine).estimate().cycles
