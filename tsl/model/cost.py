@@ -341,7 +341,6 @@ def _parent(s: Schedule, lv: MemoryLevel) -> MemoryLevel:
 
 def transfers(s: Schedule) -> list[Transfer]:
     """Every staged tile of `s` as a `Transfer` (and each accumulator tile's write-back)."""
-    m = s.machine
     units = busy_units(s)
     out = []
     for st in s.stages:
@@ -382,9 +381,18 @@ def transfers(s: Schedule) -> list[Transfer]:
                             serial_rows=cap.serial_rows, bandwidth=bw,
                             shared_bandwidth=shared, units=units, hidden=hidden,
                             in_flight=st.at.stages, at=s.loops.index(st.at)))
-    # A cache with no stage of its own (an L3 around the staged L2) passes on what the tiles
-    # staged below it need, with the reuse its own capacity gives.
-    for lv in m.memory:
+    out += _through(s, units)
+    # The write-back overlaps as well as the operand loads around it do (a separate path).
+    best = max((t.hidden for t in out), default=0.0)
+    return [t if t.kind is not TransferKind.WRITE_BACK else _replace(t, hidden=best)
+            for t in out]
+
+
+def _through(s: Schedule, units: float) -> list[Transfer]:
+    """What a cache with no stage of its own (an L3 around the staged L2) passes on to the
+    tiles staged below it, with the reuse its own capacity gives."""
+    out = []
+    for lv in s.machine.memory:
         if lv.managed or any(st.level is lv for st in s.stages):
             continue
         for st in s.stages:
@@ -397,10 +405,7 @@ def transfers(s: Schedule) -> list[Transfer]:
                                 level=lv.name, parent=parent.name, fills=fills, bytes=nbytes,
                                 bandwidth=lv.bandwidth or parent.bandwidth,
                                 shared_bandwidth=shared, units=units, hidden=1.0))
-    # The write-back overlaps as well as the operand loads around it do (a separate path).
-    best = max((t.hidden for t in out), default=0.0)
-    return [t if t.kind is not TransferKind.WRITE_BACK else _replace(t, hidden=best)
-            for t in out]
+    return out
 
 
 def _replace(t: Transfer, **kw) -> Transfer:
