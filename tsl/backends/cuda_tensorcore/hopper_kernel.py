@@ -33,6 +33,10 @@ from tvm.script import tirx as T
 from . import hopper_layout as L
 
 
+# The TMA copy of a 2-D box into shared memory, completing on an mbarrier's transaction count.
+TMA_LOAD_2D = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+
 @dataclass(frozen=True)
 class _Numbers:
     """What the kernel of plan `p` is written with: sizes, shared-memory offsets (elements),
@@ -97,16 +101,16 @@ def _produce(c, smem, pipe, A_map, B_map, m0, n0):
     for t in T.serial(c.k_tiles):
         pipe.empty.wait(t % c.S, ((t // c.S) % 2) ^ 1)
         pipe.full.arrive(t % c.S, tx_count=c.tx_bytes)
-        T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
+        T.ptx[TMA_LOAD_2D](
             T.address_of(smem[(t % c.S) * c.a_stage]), T.address_of(A_map),
             t * c.BK, m0, pipe.full.ptr_to([t % c.S]))
         for j in T.unroll(len(c.boxes)):
             if c.k_major:
-                T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
+                T.ptx[TMA_LOAD_2D](
                     T.address_of(smem[c.b_base + (t % c.S) * c.b_stage]), T.address_of(B_map),
                     t * c.BK, n0, pipe.full.ptr_to([t % c.S]))
             else:
-                T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
+                T.ptx[TMA_LOAD_2D](
                     T.address_of(smem[c.b_base + (t % c.S) * c.b_stage + j * (c.BK * 64)]),
                     T.address_of(B_map), n0 + j * 64, t * c.BK,
                     pipe.full.ptr_to([t % c.S]))
