@@ -43,3 +43,22 @@ def test_a_back_end_without_build_cannot_be_made():
 
     with pytest.raises(TypeError):
         Half()
+
+
+def test_codegen_capabilities_are_declared_by_the_back_end_not_the_machine():
+    """What a back end's programs do with the movers (VTA: rows one by one, at a pitch, copies
+    kept and shared) is the back end's, read by the schedules of its machines, and no field
+    of a machine's movers."""
+    import dataclasses
+
+    from tsl.tam import Mover
+    from tsl.tam.capabilities import Capabilities
+
+    vta = get_backend("vta").capabilities
+    assert vta == Capabilities(serial_rows=True, row_pitch=True, keeps_tiles=True,
+                               shares_tiles=True)
+    for name in ("cpu", "tpu", "cuda_tensorcore"):
+        assert get_backend(name).capabilities == Capabilities()
+    assert tsl.schedule(ops.matmul(32, 32, 32, dtype="int8"), "vta").capabilities is vta
+    names = {f.name for f in dataclasses.fields(Capabilities)}
+    assert not names & {f.name for f in dataclasses.fields(Mover)}

@@ -213,3 +213,23 @@ def test_bench_trials_and_model_check_flags():
     assert rows and all(r["kind"] == "simulated" and r["n"] == 8 for r in rows)
     tpu = model_check.run(["tpu-v5e"], {"dense"}, True, 4, lambda msg: None)
     assert tpu == [{"target": "tpu-v5e", "skipped": "its measure is the model itself"}]
+
+
+def test_transfers_are_built_by_keyword_and_priced_by_kind_not_label():
+    """A `Transfer` is built by keyword (14 fields, most numbers of one type), and what the
+    model does with it follows its `TransferKind`, whatever label a back end gives it: the
+    TPU kernel's program priced with every label replaced costs the same."""
+    import dataclasses
+
+    from tsl.model import Program, Transfer, TransferKind, program_of
+
+    with pytest.raises(TypeError):
+        Transfer(TransferKind.TILE, "A", "vmem", "hbm", 1, 128)
+    s = tsl.schedule(tsl.ops.matmul(256, 384, 512, dtype="bfloat16"), "tpu-v5e")
+    prog = program_of(s)
+    kinds = {t.kind for t in prog.transfers}
+    assert {TransferKind.TILE, TransferKind.WRITE_BACK} <= kinds
+    blind = dataclasses.replace(prog, transfers=tuple(
+        dataclasses.replace(t, what=f"path {i}") for i, t in enumerate(prog.transfers)))
+    assert isinstance(blind, Program)
+    assert model.evaluate(s, program=blind).seconds == model.evaluate(s, program=prog).seconds

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import tsl
-from tsl.bench import models
+from tsl.bench import models as bench
+from tsl.relax import models
 
 tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
@@ -18,8 +19,8 @@ from tsl.backends.cpu import detect  # noqa: E402
 
 
 def _compile_both(mod, x, target="cpu", **kw):
-    tsl_c = models.compile_model(mod, target, **kw)
-    tvm_c = models.compile_model(mod, target, use_tsl=False)
+    tsl_c = bench.compile_model(mod, target, **kw)
+    tvm_c = bench.compile_model(mod, target, use_tsl=False)
     return tsl_c, tsl_c(x), tvm_c(x)
 
 
@@ -91,7 +92,7 @@ def tiny():
 def test_tiny_convnet_equals_tvm_and_reports(tiny):
     mod, _, x = tiny
     c, got, want = _compile_both(mod, x)
-    assert models._rel_err(got, want) < 1e-5
+    assert bench._rel_err(got, want) < 1e-5
     rep = c.report
     assert rep.machine == tsl.relax.machine_for("cpu").name
     patterns = sorted(d.pattern for d in rep.taken)
@@ -140,14 +141,14 @@ def test_runtime_weights_are_packed_by_relax_calls():
     for pipe in (tsl.relax.pipeline("cpu"), "default"):
         ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"), relax_pipeline=pipe)
         outs.append(relax.VirtualMachine(ex, tvm.cpu())["forward"](*args).numpy())
-    assert models._rel_err(outs[0], outs[1]) < 1e-5
+    assert bench._rel_err(outs[0], outs[1]) < 1e-5
 
 
 def test_tiny_encoder_equals_tvm_and_torch():
     model, shape = models.bert_layer(small=True)
     mod, weights, x = models.export(model, shape)
     c, got, want = _compile_both(mod, x)
-    assert models._rel_err(got, want) < 1e-5
+    assert bench._rel_err(got, want) < 1e-5
     pats = [d.pattern for d in c.report.taken]
     assert sum(p.startswith("batch_matmul") for p in pats) == 2  # QK^T and PV
     assert sum(p.startswith("matmul+bias") for p in pats) >= 4
@@ -155,13 +156,13 @@ def test_tiny_encoder_equals_tvm_and_torch():
     torch = pytest.importorskip("torch", reason="PyTorch is optional (pip install torch)")
     with torch.inference_mode():
         ref = models.torch_forward("bert", weights, small=True)(torch.from_numpy(x)).numpy()
-    assert models._rel_err(got, ref) < 1e-5
+    assert bench._rel_err(got, ref) < 1e-5
 
 
 def test_knobs_and_database_argument(tiny):
     mod, _, x = tiny
     c, got, want = _compile_both(mod, x, database={"stages": 1})
-    assert models._rel_err(got, want) < 1e-5
+    assert bench._rel_err(got, want) < 1e-5
     assert all(d.knobs["stages"] == 1 for d in c.report.taken)
     # A knob value no schedule accepts: every candidate falls back to TVM, with the reason.
     rep = tsl.relax.report(mod, "cpu", database={"stages": 7})
@@ -179,5 +180,5 @@ def test_int8_requantize_is_exact():
 
 
 def test_tensorcore_compile_swaps_kernels():
-    row = models.compile_tensorcore("bert", small=True)
+    row = bench.compile_tensorcore("bert", small=True)
     assert row["machine"] == "tensorcore-sm90" and row["tsl_calls"] >= 4, row["report"]

@@ -111,6 +111,25 @@ def test_loader_errors_name_file_table_key(tmp_path, edit, where):
     assert where in str(e.value)
 
 
+MOVER = """
+[[mover]]
+name = "dma"
+src = "dram"
+dst = "spad"
+latency = 64
+"""
+
+
+@pytest.mark.parametrize("key", ["serial_rows", "row_pitch", "keeps_tiles", "shares_tiles"])
+def test_a_mover_with_a_codegen_capability_says_it_is_the_back_ends(tmp_path, key):
+    """The four codegen capabilities machine files used to give movers: the loader says
+    where they live now instead of an unknown key."""
+    assert tsl.load_machine(write(tmp_path, GOOD + MOVER)).movers[0].latency == 64
+    with pytest.raises(TAMError) as e:
+        tsl.load_machine(write(tmp_path, GOOD + MOVER + f"{key} = true\n"))
+    assert f"[mover #0] key '{key}'" in str(e.value) and "Backend.capabilities" in str(e.value)
+
+
 def test_not_toml_and_unknown_names(tmp_path):
     with pytest.raises(TAMError, match="not valid TOML"):
         tsl.load_machine(write(tmp_path, "[machine\nname="))

@@ -15,6 +15,7 @@ from importlib.metadata import entry_points
 
 from .errors import BackendUnavailable, OptionError
 from .tam import Machine, builtin_names, load
+from .tam import capabilities as codegen_capabilities
 from .tam import params as machine_params
 
 BUILTIN = {"cpu": "tsl.backends.cpu:backend", "vta": "tsl.backends.vta:backend",
@@ -51,6 +52,9 @@ class Backend(ABC):
     - `Options`: its build options, a frozen `Options` dataclass (`options(**kw)` checks them);
     - `Params`: the typed [params] of its machine files (`tsl.tam.params.Params`, declared in
       the back end's `machine.py`), checked when a machine file is loaded;
+    - `capabilities`: what its programs do with the machine's movers
+      (`tsl.tam.capabilities.Capabilities`), read by the schedule's capacity checks and the
+      cost model;
     - `build(schedule, **options)` -> an `Artifact` (whose `estimate()` is a
       `tsl.model.Estimate`), through the back end's `_build(schedule, options)`;
     - `unavailable(machine, options)` -> why it cannot build here, or None;
@@ -73,6 +77,7 @@ class Backend(ABC):
     default_machine: str = ""
     Options: type[Options] = Options
     Params: type[machine_params.Params] = machine_params.Params
+    capabilities: codegen_capabilities.Capabilities = codegen_capabilities.NONE
     # Programs `python -m tsl.bench` searches per operator by default (`--trials` overrides):
     # worth it where `measure` is cheap and exact, as a simulator's cycle count is.
     bench_trials: int = 0
@@ -191,6 +196,22 @@ def _params_of(name: str) -> type[machine_params.Params] | None:
     return _load_ref(refs[name]).Params if name in refs else None
 
 
-# The TAM loader checks a machine file's [params] against its back end's class; it names no
-# back end itself, so the registry tells it.
+# Back ends found by name (None: no such back end) for the capability lookup, which the knob
+# search makes for every schedule it prices: the registry reads the installed packages' entry
+# points each time (8 ms). The capabilities themselves are read from the back end each time.
+_found: dict[str, Backend | None] = {}
+
+
+def _capabilities_of(name: str) -> codegen_capabilities.Capabilities | None:
+    if name not in _found:
+        refs = registry()
+        _found[name] = _load_ref(refs[name]) if name in refs else None
+    be = _found[name]
+    return be.capabilities if be is not None else None
+
+
+# The TAM loader checks a machine file's [params] against its back end's class, and the
+# schedule and the cost model read its capabilities; neither names a back end itself, so the
+# registry tells them.
 machine_params.set_finder(_params_of)
+codegen_capabilities.set_finder(_capabilities_of)

@@ -16,7 +16,10 @@ What is shared and what a back end supplies:
   overlap of each path with compute, the accumulator walk over the write-back, the bound and
   the utilization; the knob search (`search`) over any of them.
 - the staged tiles (`transfers(s)`): what a back end gets without a `Program` of its own (CPU,
-  VTA): each `cache` stage one TILE or WRITE_BACK transfer, priced with its machine's movers.
+  VTA): each `cache` stage one TILE or WRITE_BACK transfer, priced with its machine's movers
+  (hardware facts: rates, latencies) and its back end's `Capabilities`
+  (`Backend.capabilities`, what its programs do with those movers: VTA's copies a row at a
+  time, at any row pitch, skipped where the buffer holds the region, shared by threads).
 - a back end's `Program` (`register_program`), where its kernel is not the staged tiles one
   for one: its transfers (TPU: the Mosaic kernel's blocks, write-back, VMEM<->MXU traffic and
   XLA passes; Tensor Cores: none, its own model of warps, occupancy and waves gives the compute

@@ -1,24 +1,26 @@
 """The analytic cost model: a recorded schedule on its TAM -> `Estimate`.
 
 Everything it knows about a machine is in the machine file: primitive rates and latencies,
-level bandwidths, mover latencies (per row where the mover issues rows one by one), compute
-level counts (virtual ones add no throughput). No chip is named here.
+level bandwidths, mover latencies, compute level counts (virtual ones add no throughput); what
+the back end's program does with the movers' copies is the back end's `Capabilities`
+(`tsl.tam.capabilities`: rows one by one, at a pitch, copies kept or shared by threads). No
+chip is named here.
 
 The model, for a schedule `s`:
 
 - **Traffic.** Every staged tile is a `Transfer`: filled once per iteration of its loop and of
   every loop outside it (a tile staged under a loop it does not depend on is reloaded on each
-  of that loop's iterations: that is what the program does; a mover that `keeps_tiles` skips
-  a copy of the region its buffer holds, so there it is once per change of the tile, and
-  one that `shares_tiles` loads a region the virtual threads all need once for all), times
-  the tile's bytes (a mover with `row_pitch` copies only the rows a strided window reads). An
-  accumulator tile is written back, in the output's dtype, once per fill. A hardware cache
+  of that loop's iterations: that is what the program does; a back end that `keeps_tiles`
+  skips a copy of the region its buffer holds, so there it is once per change of the tile,
+  and one that `shares_tiles` loads a region the virtual threads all need once for all),
+  times the tile's bytes (copies at a `row_pitch` take only the rows a strided window reads).
+  An accumulator tile is written back, in the output's dtype, once per fill. A hardware cache
   (managed = false) is modelled the same way: the traffic its tile sizes imply, in whole lines
   (`line_bytes`) where consecutive fills do not read on along the same lines.
 - **Time of a data path.** Transfers are grouped by the level they come from (their parent):
-  per fill, the mover's latency (per row when its rows are serial) plus bytes over the level's
-  bandwidth, the fills spread over the parallel units; a parent shared by all units (DRAM)
-  also caps the total bytes at its own bandwidth.
+  per fill, the mover's latency (per row where the back end's copies have `serial_rows`) plus
+  bytes over the level's bandwidth, the fills spread over the parallel units; a parent shared
+  by all units (DRAM) also caps the total bytes at its own bandwidth.
 - **Compute.** The padded MACs at the primitive's rate over the parallel units actually busy
   (the busiest unit sets the time: ceil(tiles / units)), slowed where one step of the
   innermost reduction updates fewer independent accumulator blocks than latency x issue rate
@@ -54,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..primitives.schedule import Loop, Schedule, Stage
+from ..tam.capabilities import NONE
 from ..tam.machine import MemoryLevel, dtype_bytes
 from .estimate import Estimate
 
@@ -141,11 +144,11 @@ DEPENDS = {"A": ("m", "k", "b"), "B": ("n", "k", "b"), "C": ("m", "n", "b")}
 
 
 def kept_fills(s: Schedule, st: Stage, shares: bool = False) -> int:
-    """Fills of a tile whose mover skips a copy of the region the buffer already holds
-    (`keeps_tiles`): one per change of the tile, i.e. per iteration of the loops out to the
-    innermost one (of more than one iteration) the tile depends on; each virtual thread
-    inside that loop keeps its own copy. With `shares` (the mover's `shares_tiles`), threads
-    that need the same region at once load it once: the threads inside that loop share one
+    """Fills of a tile whose back end skips a copy of the region the buffer already holds
+    (`Capabilities.keeps_tiles`): one per change of the tile, i.e. per iteration of the loops
+    out to the innermost one (of more than one iteration) the tile depends on; each virtual
+    thread inside that loop keeps its own copy. With `shares` (`shares_tiles`), threads that
+    need the same region at once load it once: the threads inside that loop share one
     copy, and so do those of a thread loop outside it whose consecutive iterations (the
     threads of one round) leave the tile unchanged."""
     loops = s.loops[:s.loops.index(st.at) + 1]
@@ -284,7 +287,7 @@ def tile_rows(s: Schedule, st: Stage, rows_used: bool = False,
               packed: bool | None = None) -> int:
     """Contiguous rows of a staged tile in memory (`layout_dims`): the tile's dimensions
     outside the innermost one it does not cover whole. `rows_used`: the tile holds only the
-    rows its window reads (a mover with `row_pitch`); a strided dim is never part of a
+    rows its window reads (copies at a `row_pitch`); a strided dim is never part of a
     contiguous run, each of its rows is one."""
     ext = _inner_ext(s, st.at)
     dims = layout_dims(s, st, ext, rows_used, packed)
@@ -338,13 +341,14 @@ def _parent(s: Schedule, lv: MemoryLevel) -> MemoryLevel:
 
 def transfers(s: Schedule) -> list[Transfer]:
     """Every staged tile of `s` as a `Transfer` (and each accumulator tile's write-back)."""
-    m = s.machine
     units = busy_units(s)
     out = []
     for st in s.stages:
         lv = st.level
         parent = _parent(s, lv)
         mv = _mover(s, parent.name, lv.name)
+        # What the back end's program does with the copies of its movers (none without one).
+        cap = s.capabilities if mv is not None else NONE
         fills = _fills(s, st.at)
         hidden = hidden_fraction(s, st)
         shared = parent.bandwidth if parent.per is None and parent.role == "global" else 0.0
@@ -356,30 +360,39 @@ def transfers(s: Schedule) -> list[Transfer]:
                                 what=f"C write-back from {lv.name} at {st.at.name}",
                                 level=parent.name, parent=lv.name, fills=fills, bytes=nbytes,
                                 rows=tile_rows(s, st), latency=mv.latency if mv else 0.0,
-                                serial_rows=bool(mv and mv.serial_rows), bandwidth=bw,
+                                serial_rows=cap.serial_rows, bandwidth=bw,
                                 shared_bandwidth=shared, units=units, hidden=hidden,
                                 at=s.loops.index(st.at)))
             continue
-        # (A mover with row_pitch copies only the rows a strided window reads: the stage's
+        # (Copies at a row pitch take only the rows a strided window reads: the stage's
         # elements count those, `tile_rows` its DMA rows.)
         nbytes = st.bytes
         if not lv.managed:
             fills, nbytes = cache_reuse(s, st)
-        elif mv and mv.keeps_tiles:
-            fills = kept_fills(s, st, mv.shares_tiles)
-        elif mv and mv.shares_tiles:
+        elif cap.keeps_tiles:
+            fills = kept_fills(s, st, cap.shares_tiles)
+        elif cap.shares_tiles:
             fills //= math.prod(thread_count(s, lp) for lp in s.loops[:s.loops.index(st.at) + 1]
                                 if _shared_round(s, lp, DEPENDS[st.operand]))
         out.append(Transfer(kind=TransferKind.TILE, what=f"{st.operand} tile at {st.at.name}",
                             level=lv.name, parent=parent.name, fills=fills, bytes=nbytes,
-                            rows=tile_rows(s, st, bool(mv and mv.row_pitch)),
+                            rows=tile_rows(s, st, cap.row_pitch),
                             latency=mv.latency if mv else 0.0,
-                            serial_rows=bool(mv and mv.serial_rows), bandwidth=bw,
+                            serial_rows=cap.serial_rows, bandwidth=bw,
                             shared_bandwidth=shared, units=units, hidden=hidden,
                             in_flight=st.at.stages, at=s.loops.index(st.at)))
-    # A cache with no stage of its own (an L3 around the staged L2) passes on what the tiles
-    # staged below it need, with the reuse its own capacity gives.
-    for lv in m.memory:
+    out += _through(s, units)
+    # The write-back overlaps as well as the operand loads around it do (a separate path).
+    best = max((t.hidden for t in out), default=0.0)
+    return [t if t.kind is not TransferKind.WRITE_BACK else _replace(t, hidden=best)
+            for t in out]
+
+
+def _through(s: Schedule, units: float) -> list[Transfer]:
+    """What a cache with no stage of its own (an L3 around the staged L2) passes on to the
+    tiles staged below it, with the reuse its own capacity gives."""
+    out = []
+    for lv in s.machine.memory:
         if lv.managed or any(st.level is lv for st in s.stages):
             continue
         for st in s.stages:
@@ -392,10 +405,7 @@ def transfers(s: Schedule) -> list[Transfer]:
                                 level=lv.name, parent=parent.name, fills=fills, bytes=nbytes,
                                 bandwidth=lv.bandwidth or parent.bandwidth,
                                 shared_bandwidth=shared, units=units, hidden=1.0))
-    # The write-back overlaps as well as the operand loads around it do (a separate path).
-    best = max((t.hidden for t in out), default=0.0)
-    return [t if t.kind is not TransferKind.WRITE_BACK else _replace(t, hidden=best)
-            for t in out]
+    return out
 
 
 def _replace(t: Transfer, **kw) -> Transfer:

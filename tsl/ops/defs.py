@@ -7,6 +7,7 @@ lazily: TVM is imported only when a PrimFunc is asked for) and its NumPy referen
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -171,6 +172,122 @@ def dense(batch: int, in_features: int, out_features: int, dtype: str = "float32
                  bias_step() if epilogue is None else epilogue)
 
 
+@dataclass(frozen=True)
+class _ConvShape:
+    """The sizes of a conv2d and the shapes of its tensors in its layout."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    R: int
+    S: int
+    stride: int
+    padding: int
+    dilation: int
+    nchw: bool
+
+    @property
+    def P(self) -> int:
+        return (self.H + 2 * self.padding - self.dilation * (self.R - 1) - 1) // self.stride + 1
+
+    @property
+    def Q(self) -> int:
+        return (self.W + 2 * self.padding - self.dilation * (self.S - 1) - 1) // self.stride + 1
+
+    def data(self, h: int, w: int, c: int) -> tuple:
+        return (self.N, c, h, w) if self.nchw else (self.N, h, w, c)
+
+    @property
+    def wshape(self) -> tuple:
+        return ((self.K, self.C, self.R, self.S) if self.nchw
+                else (self.R, self.S, self.C, self.K))
+
+    @property
+    def oshape(self) -> tuple:
+        return self.data(self.P, self.Q, self.K)
+
+
+def _conv_te(g: _ConvShape, dtype, acc, ep):
+    def build(a_dtype, b_dtype):
+        from tvm import te, tirx
+
+        dshape = g.data(g.H, g.W, g.C)
+        A = te.placeholder(dshape, dtype, name="A")
+        Wt = te.placeholder(g.wshape, b_dtype or dtype, name="B")
+        operands = _operand_placeholders(ep, g.K, g.oshape, acc)
+        Aq, shifted = _a_stage(A, a_dtype, dtype)
+        pad_val, p0 = 128 if shifted else 0, g.padding
+
+        def pad(*i):
+            h, w = (i[2], i[3]) if g.nchw else (i[1], i[2])
+            inside = tirx.all(h >= p0, h < g.H + p0, w >= p0, w < g.W + p0)
+            src = ((i[0], i[1], h - p0, w - p0) if g.nchw else (i[0], h - p0, w - p0, i[3]))
+            return tirx.if_then_else(inside, Aq[src], tirx.const(pad_val, Aq.dtype))
+
+        Ap = te.compute(g.data(g.H + 2 * p0, g.W + 2 * p0, g.C), pad, name="A_pad") \
+            if p0 else Aq
+        comp = te.placeholder((g.K,), acc, name="comp") if shifted else None
+        ci = te.reduce_axis((0, g.C), name="ci")
+        r = te.reduce_axis((0, g.R), name="r")
+        s = te.reduce_axis((0, g.S), name="s")
+        st, dl = g.stride, g.dilation
+        if g.nchw:
+            Cc = te.compute(g.oshape, lambda n, k, p, q: te.sum(
+                Ap[n, ci, p * st + r * dl, q * st + s * dl].astype(acc)
+                * Wt[k, ci, r, s].astype(acc), axis=[ci, r, s]), name="C")
+        else:
+            Cc = te.compute(g.oshape, lambda n, p, q, k: te.sum(
+                Ap[n, p * st + r * dl, q * st + s * dl, ci].astype(acc)
+                * Wt[r, s, ci, k].astype(acc), axis=[r, s, ci]), name="C")
+        out = _te_tail(Cc, ep, acc, g.oshape, 1 if g.nchw else 3, operands, comp)
+        return [A, Wt] + operands + ([comp] if shifted else []) + [out]
+    return build
+
+
+def _conv_ref(g: _ConvShape, dtype, acc, ep):
+    def ref(x, w, *rest):
+        x64, w64 = acc_numpy(dtype, acc, x, w)
+        if not g.nchw:
+            x64, w64 = x64.transpose(0, 3, 1, 2), w64.transpose(3, 2, 0, 1)
+        p0, st, dl, P, Q = g.padding, g.stride, g.dilation, g.P, g.Q
+        xp = np.pad(x64, ((0, 0), (0, 0), (p0, p0), (p0, p0)))
+        out = np.zeros((g.N, g.K, P, Q), x64.dtype)
+        for rr in range(g.R):
+            for ss in range(g.S):
+                win = xp[:, :, rr * dl: rr * dl + st * (P - 1) + 1: st,
+                         ss * dl: ss * dl + st * (Q - 1) + 1: st]
+                out += np.einsum("ncpq,kc->nkpq", win, w64[:, :, rr, ss], optimize=True)
+        out = finish(out, acc)
+        if not g.nchw:
+            out = out.transpose(0, 2, 3, 1)
+        return ep.numpy(out, _operand_arrays(ep, rest), 1 if g.nchw else 3)
+    return ref
+
+
+def _conv_tile(g: _ConvShape):
+    def tile(operand, e, rows_used=False):
+        n, ci, co = ("n", e["n"], g.N), ("ci", e["ci"], g.C), ("co", e["co"], g.K)
+        if operand == "A":
+            # The input window of the output tile, clipped to the zero-padded input.
+            h = (e["oh"] - 1) * g.stride + (e["r"] - 1) * g.dilation + 1
+            w = (e["ow"] - 1) * g.stride + (e["s"] - 1) * g.dilation + 1
+            h, w = min(h, g.H + 2 * g.padding), min(w, g.W + 2 * g.padding)
+            if rows_used:
+                # Rows oh * stride + r * dilation: all offsets are multiples of gc.
+                gc = g.stride if e["r"] == 1 else math.gcd(g.stride, g.dilation)
+                h = (h - 1) // gc + 1
+            h, w = ("oh", h, g.H), ("ow", w, g.W)
+            return (n, ci, h, w) if g.nchw else (n, h, w, ci)
+        if operand == "B":
+            r, s = ("r", e["r"], g.R), ("s", e["s"], g.S)
+            return (co, ci, r, s) if g.nchw else (r, s, ci, co)
+        oh, ow = ("oh", e["oh"], g.P), ("ow", e["ow"], g.Q)
+        return (n, co, oh, ow) if g.nchw else (n, oh, ow, co)
+    return tile
+
+
 @symbolic
 def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1,
            padding: int = 0, dilation: int = 1, layout: str = "NCHW", dtype: str = "float32",
@@ -185,93 +302,19 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
         raise ScheduleError(f"conv2d(layout={layout!r}): layout must be 'NCHW' or 'NHWC'")
     acc = check_dtypes("conv2d", dtype, acc_dtype)
     ep = as_epilogue(epilogue)
-    P = (H + 2 * padding - dilation * (R - 1) - 1) // stride + 1
-    Q = (W + 2 * padding - dilation * (S - 1) - 1) // stride + 1
+    g = _ConvShape(N, C, H, W, K, R, S, stride, padding, dilation, layout == "NCHW")
+    P, Q = g.P, g.Q
     if P <= 0 or Q <= 0:
         raise ScheduleError(f"conv2d: a {R}x{S} kernel with dilation {dilation} does not fit a "
                             f"{H}x{W} input padded by {padding}")
-    nchw = layout == "NCHW"
-    dshape = (N, C, H, W) if nchw else (N, H, W, C)
-    wshape = (K, C, R, S) if nchw else (R, S, C, K)
-    oshape = (N, K, P, Q) if nchw else (N, P, Q, K)
-    chan = 1 if nchw else 3
-    inputs = _with_operands((Tensor("A", dshape, dtype, "A"), Tensor("B", wshape, dtype, "B")),
-                            ep, K, oshape, acc)
-    if nchw:
+    inputs = _with_operands((Tensor("A", g.data(H, W, C), dtype, "A"),
+                             Tensor("B", g.wshape, dtype, "B")), ep, K, g.oshape, acc)
+    if g.nchw:
         axes = (Axis("n", N, "m"), Axis("co", K, "n"), Axis("oh", P, "m"), Axis("ow", Q, "m"),
                 Axis("ci", C, "k"), Axis("r", R, "k"), Axis("s", S, "k"))
     else:
         axes = (Axis("n", N, "m"), Axis("oh", P, "m"), Axis("ow", Q, "m"), Axis("co", K, "n"),
                 Axis("r", R, "k"), Axis("s", S, "k"), Axis("ci", C, "k"))
-
-    def build(a_dtype, b_dtype):
-        from tvm import te, tirx
-
-        A = te.placeholder(dshape, dtype, name="A")
-        Wt = te.placeholder(wshape, b_dtype or dtype, name="B")
-        operands = _operand_placeholders(ep, K, oshape, acc)
-        Aq, shifted = _a_stage(A, a_dtype, dtype)
-        pad_val = 128 if shifted else 0
-        Hp, Wp = H + 2 * padding, W + 2 * padding
-
-        def pad(*i):
-            h, w = (i[2], i[3]) if nchw else (i[1], i[2])
-            inside = tirx.all(h >= padding, h < H + padding, w >= padding, w < W + padding)
-            src = ((i[0], i[1], h - padding, w - padding) if nchw
-                   else (i[0], h - padding, w - padding, i[3]))
-            return tirx.if_then_else(inside, Aq[src], tirx.const(pad_val, Aq.dtype))
-
-        Ap = te.compute((N, C, Hp, Wp) if nchw else (N, Hp, Wp, C), pad, name="A_pad") \
-            if padding else Aq
-        comp = te.placeholder((K,), acc, name="comp") if shifted else None
-        ci = te.reduce_axis((0, C), name="ci")
-        r = te.reduce_axis((0, R), name="r")
-        s = te.reduce_axis((0, S), name="s")
-        if nchw:
-            Cc = te.compute(oshape, lambda n, k, p, q: te.sum(
-                Ap[n, ci, p * stride + r * dilation, q * stride + s * dilation].astype(acc)
-                * Wt[k, ci, r, s].astype(acc), axis=[ci, r, s]), name="C")
-        else:
-            Cc = te.compute(oshape, lambda n, p, q, k: te.sum(
-                Ap[n, p * stride + r * dilation, q * stride + s * dilation, ci].astype(acc)
-                * Wt[r, s, ci, k].astype(acc), axis=[r, s, ci]), name="C")
-        out = _te_tail(Cc, ep, acc, oshape, chan, operands, comp)
-        return [A, Wt] + operands + ([comp] if shifted else []) + [out]
-
-    def ref(x, w, *rest):
-        x64, w64 = acc_numpy(dtype, acc, x, w)
-        if not nchw:
-            x64, w64 = x64.transpose(0, 3, 1, 2), w64.transpose(3, 2, 0, 1)
-        xp = np.pad(x64, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
-        out = np.zeros((N, K, P, Q), x64.dtype)
-        for rr in range(R):
-            for ss in range(S):
-                win = xp[:, :, rr * dilation: rr * dilation + stride * (P - 1) + 1: stride,
-                         ss * dilation: ss * dilation + stride * (Q - 1) + 1: stride]
-                out += np.einsum("ncpq,kc->nkpq", win, w64[:, :, rr, ss], optimize=True)
-        out = finish(out, acc)
-        if not nchw:
-            out = out.transpose(0, 2, 3, 1)
-        return ep.numpy(out, _operand_arrays(ep, rest), chan)
-
-    def tile(operand, e, rows_used=False):
-        n, ci, co = ("n", e["n"], N), ("ci", e["ci"], C), ("co", e["co"], K)
-        if operand == "A":
-            # The input window of the output tile, clipped to the zero-padded input.
-            h = (e["oh"] - 1) * stride + (e["r"] - 1) * dilation + 1
-            w = (e["ow"] - 1) * stride + (e["s"] - 1) * dilation + 1
-            h, w = min(h, H + 2 * padding), min(w, W + 2 * padding)
-            if rows_used:
-                # Rows oh * stride + r * dilation: all offsets are multiples of g.
-                g = stride if e["r"] == 1 else math.gcd(stride, dilation)
-                h = (h - 1) // g + 1
-            h, w = ("oh", h, H), ("ow", w, W)
-            return (n, ci, h, w) if nchw else (n, h, w, ci)
-        if operand == "B":
-            r, s = ("r", e["r"], R), ("s", e["s"], S)
-            return (co, ci, r, s) if nchw else (r, s, ci, co)
-        oh, ow = ("oh", e["oh"], P), ("ow", e["ow"], Q)
-        return (n, co, oh, ow) if nchw else (n, oh, ow, co)
 
     def pad(e):
         if (e["r"], e["s"], e["n"]) != (R, S, N):
@@ -285,6 +328,7 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
                                            "padding": padding, "dilation": dilation,
                                            "layout": layout},
                     dtype=dtype, acc_dtype=acc, epilogue=ep, inputs=inputs,
-                    output=Tensor("out", oshape, ep.out_dtype or acc, "out"), axes=axes,
-                    macs=N * K * P * Q * C * R * S, _te=build, _ref=ref, _tile=tile,
-                    _pad=pad, channel_axis=chan)
+                    output=Tensor("out", g.oshape, ep.out_dtype or acc, "out"), axes=axes,
+                    macs=N * K * P * Q * C * R * S, _te=_conv_te(g, dtype, acc, ep),
+                    _ref=_conv_ref(g, dtype, acc, ep), _tile=_conv_tile(g), _pad=pad,
+                    channel_axis=1 if g.nchw else 3)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
 from ..ops.operator import Operator
+from ..tam.capabilities import Capabilities, of as capabilities_of
 from ..tam.machine import Machine, MemoryLevel, TensorPrimitive, dtype_bytes
 
 OPERAND_ROLES = {"A": ("b", "m", "k"), "B": ("b", "n", "k"), "C": ("b", "m", "n")}
@@ -119,6 +120,11 @@ class Schedule:
         self.primitive = self._choose_primitive()
 
     # -- queries ----------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the machine's back end does with its movers (rows at a pitch, copies kept)."""
+        return capabilities_of(self.machine.backend)
+
     def axes(self, role: str) -> list[Loop]:
         """Current loops whose axis has `role` ("b", "m", "n", "k"), in nest order."""
         return [lp for lp in self.loops if any(self._role[a] == role for a in lp.axes)]
@@ -507,8 +513,9 @@ class Schedule:
         """Elements of `operand` touched by one iteration of `at` (its inner loops). A level
         shared by the instances of a finer compute level (shared memory of a block's warps)
         holds the tiles of all of them: loops outside `at` run in parallel on such a finer
-        level count as well. A level filled by a mover with `row_pitch` holds only the rows
-        of a strided window that the kernel reads (`Operator.tile_shape(rows_used=True)`)."""
+        level count as well. A level filled by a mover of a back end whose copies take rows at a
+        pitch (`capabilities.row_pitch`) holds only the rows of a strided window that the
+        kernel reads (`Operator.tile_shape(rows_used=True)`)."""
         names = [c.name for c in self.machine.compute]
         shared_below = names.index(level.per) if level is not None and level.per in names else None
         inner = self.loops[self.loops.index(at) + 1:]
@@ -519,8 +526,8 @@ class Schedule:
         for lp in inner:
             for part in lp.parts or (lp,):
                 ext[part.axes[0]] *= part.extent
-        rows_used = level is not None and any(mv.dst == level.name and mv.row_pitch
-                                              for mv in self.machine.movers)
+        rows_used = (level is not None and self.capabilities.row_pitch
+                     and any(mv.dst == level.name for mv in self.machine.movers))
         return self.op.footprint(operand, ext, rows_used)
 
     def validate(self) -> None:

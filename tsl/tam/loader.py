@@ -12,7 +12,7 @@ File format (every machine file in `machines/` is an example)::
                      layout_a, layout_b, macs_per_cycle, latency, issued_by, instruction,
                      intrinsic, scratch
     [[mover]]        name, src, dst, dims, padding, bytes_per_cycle, store_bytes_per_cycle,
-                     latency, serial_rows, row_pitch, keeps_tiles, shares_tiles
+                     latency
     [[vector]]       name, level, lanes, ops, dtypes, ops_per_cycle
 
 Capacities are integers of bytes or strings such as "32 KiB". A memory level's parent defaults
@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TAMError
+from .capabilities import Capabilities
 from .params import Params, params_class, parse
 from .machine import (COMPUTE_ROLES, DTYPES, MEMORY_ROLES, OPERANDS, PRIMITIVE_KINDS,
                       ComputeLevel, Machine, MemoryLevel, Mover, TensorPrimitive, VectorUnit)
 
 BUILTIN_DIR = Path(__file__).parent / "machines"
+CAPABILITIES = tuple(f.name for f in dataclasses.fields(Capabilities))
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 10**3, "MB": 10**6,
           "GB": 10**9}
 
@@ -263,11 +265,15 @@ class _Parser:
         return TensorPrimitive(**kw)
 
     def mover(self, i: int, raw: Any, levels: set[str]) -> Mover:
+        # Keys machine files used to carry: say where they went rather than "unknown key".
+        moved = [k for k in CAPABILITIES if isinstance(raw, dict) and k in raw]
+        if moved:
+            raise self.err(f"mover #{i}", moved[0], "is a codegen capability its back end "
+                           "declares (Backend.capabilities), not a machine fact: remove it")
         kw = self.fields(f"mover #{i}", raw, Mover, {
             "name": _str, "src": _str, "dst": _str, "dims": _pos_int, "padding": _bool,
             "bytes_per_cycle": _nonneg_float, "store_bytes_per_cycle": _nonneg_float,
-            "latency": _nonneg_int, "serial_rows": _bool, "row_pitch": _bool, "keeps_tiles": _bool,
-            "shares_tiles": _bool})
+            "latency": _nonneg_int})
         for key in ("src", "dst"):
             if kw[key] not in levels:
                 raise self.err(f"mover {kw['name']!r}", key,

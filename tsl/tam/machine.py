@@ -107,7 +107,9 @@ class TensorPrimitive:
 
 @dataclass(frozen=True)
 class Mover:
-    """A data path between two memory levels (DMA engine, cp.async, load/store unit)."""
+    """A data path between two memory levels (DMA engine, cp.async, load/store unit). What a
+    back end's programs do with it (rows one by one, at a pitch, copies skipped or shared) is
+    the back end's, `tsl.tam.capabilities.Capabilities`."""
 
     name: str
     src: str
@@ -116,21 +118,6 @@ class Mover:
     padding: bool = False
     bytes_per_cycle: float = 0.0
     latency: int = 0  # cycles before the data of a transfer starts to flow
-    # True: a 2-D transfer is one burst per row, one after another, each paying `latency`
-    # (VTA's DMA); False: the latency is paid once per transfer.
-    serial_rows: bool = False
-    # True: a 2-D transfer takes its rows at any pitch, so the tile of a strided window holds
-    # only the rows the kernel taps read (Operator.tile_shape(rows_used=True)): every other
-    # input row of a 1x1 stride-2 convolution is skipped, not loaded.
-    row_pitch: bool = False
-    # True: a copy of the region the destination buffer already holds is skipped, so a tile
-    # staged under loops it does not depend on is loaded once per change, not once per
-    # iteration (the VTA codegen compares each LOAD with the buffer's last one).
-    keeps_tiles: bool = False
-    # True: virtual threads that need the same region at once (a weight tile of threads that
-    # split the output rows) read one copy of it, loaded once into one thread's part of the
-    # buffer, instead of one copy per thread (the VTA codegen compares the threads' LOADs).
-    shares_tiles: bool = False
     # Bytes per cycle the other way, dst -> src (a core's stores: one port where loads have
     # two); 0: as bytes_per_cycle.
     store_bytes_per_cycle: float = 0.0

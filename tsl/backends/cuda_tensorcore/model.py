@@ -367,95 +367,124 @@ class Model:
                if self.parts > 1 else []))
 
 
+@dataclass(frozen=True)
+class _SMRates:
+    """What a block of a kernel is timed with on one SM (from the machine file): the
+    primitive's MACs per cycle at `irate` of them for the tile's instruction, shared memory
+    and L2 bytes per cycle, barrier and latency cycles."""
+
+    sms: int
+    macs_per_cycle: float
+    irate: float
+    smem_bw: float
+    l2_port: float
+    l2_total: float
+    barrier: float
+    stall: float
+    copy_latency: float
+    frag_latency: float
+
+    def l2_per_sm(self, active: int) -> float:
+        """The L2 serves the SMs that have blocks; each at most at its own port's rate."""
+        return min(self.l2_port, self.l2_total / max(min(active, self.sms), 1))
+
+
+def _sm_rates(machine, tile: Tile, dtype: str) -> _SMRates:
+    p = machine.params
+    rates = p.instruction_rate
+    if tile.instruction not in rates:
+        raise TAMError(f"{machine.name}: [params.instruction_rate] has no rate for "
+                       f"{tile.instruction!r}")
+    return _SMRates(sms=machine.cores(), macs_per_cycle=machine.primitive(dtype).macs_per_cycle,
+                    irate=float(rates[tile.instruction]),
+                    smem_bw=machine.levels("scratchpad")[0].bandwidth,
+                    l2_port=float(p.l2_sm_bytes_per_cycle),
+                    l2_total=float(p.l2_bytes_per_s) / machine.clock_hz,
+                    barrier=float(p.barrier_cycles), stall=float(p.overlap_stall_share),
+                    copy_latency=next((mv.latency for mv in machine.movers
+                                       if mv.dst == "smem"), 0),
+                    frag_latency=next((mv.latency for mv in machine.movers
+                                       if mv.src == "smem"), 0))
+
+
+def _wave_cycles(r: _SMRates, t: Tile, per_sm: int, active: int) -> tuple[float, dict, dict]:
+    """One wave: `per_sm` blocks of tile `t` on each of `active` SMs: (cycles, per k-step
+    cycles of each path, exposed cycles per block)."""
+    step_bytes = (t.block_m + t.block_n) * t.block_k * t.in_bytes
+    fragment_reads = t.warps * (t.warp_m + t.warp_n) * t.block_k * t.in_bytes
+    c_tile = t.block_m * t.block_n * t.acc_bytes
+    fragments = (t.warp_m // 16) * (t.warp_n // 16)
+    l2 = r.l2_per_sm(active)
+    if t.instruction == "wmma":  # each fragment through shared memory, between 2 barriers
+        epilogue = 2 * fragments * r.barrier + 2 * c_tile / r.smem_bw + c_tile / l2
+    else:  # straight from the registers
+        epilogue = c_tile / l2
+    per_sub = per_sm * t.warps / SUBPARTITIONS  # warps per scheduler
+    # A warp loads its fragments for a 16-deep slice, then issues the mma on them: with
+    # no other warp on its scheduler, the load latency is not hidden.
+    step = {"tensor": t.block_m * t.block_n * t.block_k
+            / (r.macs_per_cycle * r.irate * min(1.0, per_sub))
+            + t.block_k // 16 * r.frag_latency / max(1.0, per_sub),
+            "shared": (step_bytes + fragment_reads) / r.smem_bw,
+            "l2": step_bytes / l2}
+    # The three paths overlap, but not perfectly: when the two slowest take nearly the
+    # same time each waits on the other now and then (params.overlap_stall_share of the
+    # shorter, growing with the balance).
+    first, second = sorted(step.values())[-2:][::-1]
+    step_time = first + r.stall * second ** 2 / first
+    if t.stages == 1:  # unpipelined: a step's copy, then its compute
+        step_time = step["l2"] + max(step["tensor"], step["shared"])
+    # The copy of step i + stages - 1 is issued at step i: the block waits for what is
+    # left of its latency after the stages - 1 steps in between (all of it unpipelined).
+    between = (t.stages - 1) * per_sm * step_time
+    exposed = {"barriers": t.k_steps * (r.barrier + r.frag_latency),
+               "fill": r.copy_latency + (t.stages - 1) * step_bytes / l2,
+               "copy wait": (t.k_steps - 1) * max(0.0, r.copy_latency - between),
+               "epilogue": epilogue}
+    # `per_sm` blocks share the SM's rates; each block's stalls are hidden by the others'
+    # work, but a block never finishes before its own work plus its own stalls.
+    work = per_sm * t.k_steps * step_time
+    stalls = sum(exposed.values())
+    total = max(work + stalls / per_sm, stalls + t.k_steps * step_time)
+    return total, step, exposed
+
+
+def _sum_kernel(machine, parts: int, sum_bytes: float) -> tuple[float, float]:
+    """(launch gap, traffic) seconds of the second kernel of a split reduction that adds
+    `parts` partial sums (`sum_bytes` moved); (0, 0) without one."""
+    p = machine.params
+    if parts <= 1:
+        return 0.0, 0.0
+    if p.kernel_gap_seconds is None:
+        raise TAMError(f"{machine.name}: a split reduction's second kernel needs "
+                       f"[params] kernel_gap_seconds (and l2_capacity_bytes)")
+    # The partial sums were just written: read from the L2 if they fit in it.
+    resident_l2 = sum_bytes <= float(p.l2_capacity_bytes)
+    return (float(p.kernel_gap_seconds),
+            sum_bytes / float(p.l2_bytes_per_s if resident_l2 else p.hbm_bytes_per_s))
+
+
 def model(machine, tile: Tile, flops: float, padded_flops: float, blocks_per_sm: int,
           hbm_bytes: float, dtype: str, parts: int = 1, sum_bytes: float = 0.0) -> Model:
     """The modelled time of a kernel with block tile `tile` on `machine` (see the module);
     with `parts` > 1 it computes partial sums, and a second kernel that moves `sum_bytes`
     adds them."""
-    p = machine.params
-    prim = machine.primitive(dtype)
-    rates = p.instruction_rate
-    if tile.instruction not in rates:
-        raise TAMError(f"{machine.name}: [params.instruction_rate] has no rate for "
-                       f"{tile.instruction!r}")
-    irate = float(rates[tile.instruction])
-    sms = machine.cores()
-    smem_bw = machine.levels("scratchpad")[0].bandwidth
-    l2_port = float(p.l2_sm_bytes_per_cycle)
-    # The L2 serves the SMs that have blocks; each at most at its own port's rate.
-    l2_total = float(p.l2_bytes_per_s) / machine.clock_hz
-
-    def l2_per_sm(active: int) -> float:
-        return min(l2_port, l2_total / max(min(active, sms), 1))
-
-    barrier = float(p.barrier_cycles)
-    stall = float(p.overlap_stall_share)
-    copy_latency = next((mv.latency for mv in machine.movers if mv.dst == "smem"), 0)
-    frag_latency = next((mv.latency for mv in machine.movers if mv.src == "smem"), 0)
+    r = _sm_rates(machine, tile, dtype)
     t = tile
-    step_bytes = (t.block_m + t.block_n) * t.block_k * t.in_bytes
-    fragment_reads = t.warps * (t.warp_m + t.warp_n) * t.block_k * t.in_bytes
-    c_tile = t.block_m * t.block_n * t.acc_bytes
-    fragments = (t.warp_m // 16) * (t.warp_n // 16)
-
-    def wave_cycles(per_sm: int, active: int) -> tuple[float, dict, dict]:
-        """One wave: `per_sm` blocks on each of `active` SMs."""
-        l2 = l2_per_sm(active)
-        if t.instruction == "wmma":  # each fragment through shared memory, between 2 barriers
-            epilogue = 2 * fragments * barrier + 2 * c_tile / smem_bw + c_tile / l2
-        else:  # straight from the registers
-            epilogue = c_tile / l2
-        per_sub = per_sm * t.warps / SUBPARTITIONS  # warps per scheduler
-        # A warp loads its fragments for a 16-deep slice, then issues the mma on them: with
-        # no other warp on its scheduler, the load latency is not hidden.
-        step = {"tensor": t.block_m * t.block_n * t.block_k
-                / (prim.macs_per_cycle * irate * min(1.0, per_sub))
-                + t.block_k // 16 * frag_latency / max(1.0, per_sub),
-                "shared": (step_bytes + fragment_reads) / smem_bw,
-                "l2": step_bytes / l2}
-        # The three paths overlap, but not perfectly: when the two slowest take nearly the
-        # same time each waits on the other now and then (params.overlap_stall_share of the
-        # shorter, growing with the balance).
-        first, second = sorted(step.values())[-2:][::-1]
-        step_time = first + stall * second ** 2 / first
-        if t.stages == 1:  # unpipelined: a step's copy, then its compute
-            step_time = step["l2"] + max(step["tensor"], step["shared"])
-        # The copy of step i + stages - 1 is issued at step i: the block waits for what is
-        # left of its latency after the stages - 1 steps in between (all of it unpipelined).
-        between = (t.stages - 1) * per_sm * step_time
-        exposed = {"barriers": t.k_steps * (barrier + frag_latency),
-                   "fill": copy_latency + (t.stages - 1) * step_bytes / l2,
-                   "copy wait": (t.k_steps - 1) * max(0.0, copy_latency - between),
-                   "epilogue": epilogue}
-        # `per_sm` blocks share the SM's rates; each block's stalls are hidden by the others'
-        # work, but a block never finishes before its own work plus its own stalls.
-        work = per_sm * t.k_steps * step_time
-        stalls = sum(exposed.values())
-        total = max(work + stalls / per_sm, stalls + t.k_steps * step_time)
-        return total, step, exposed
-
-    resident = sms * blocks_per_sm
+    resident = r.sms * blocks_per_sm
     full, rest = divmod(t.blocks, resident)
-    cycles, step, exposed = wave_cycles(blocks_per_sm, sms)
+    cycles, step, exposed = _wave_cycles(r, t, blocks_per_sm, r.sms)
     cycles *= full
     if rest:
-        last, step_last, exposed_last = wave_cycles(math.ceil(rest / sms), rest)
+        last, step_last, exposed_last = _wave_cycles(r, t, math.ceil(rest / r.sms), rest)
         cycles += last
         if not full:
             step, exposed = step_last, exposed_last
-    gap = traffic = 0.0
-    if parts > 1:
-        if p.kernel_gap_seconds is None:
-            raise TAMError(f"{machine.name}: a split reduction's second kernel needs "
-                           f"[params] kernel_gap_seconds (and l2_capacity_bytes)")
-        gap = float(p.kernel_gap_seconds)
-        # The partial sums were just written: read from the L2 if they fit in it.
-        resident_l2 = sum_bytes <= float(p.l2_capacity_bytes)
-        traffic = sum_bytes / float(p.l2_bytes_per_s if resident_l2 else p.hbm_bytes_per_s)
-    return Model(machine.name, t.instruction, irate, machine.peak(dtype), flops, padded_flops,
-                 blocks_per_sm, sms, t.blocks / resident, step, exposed, cycles,
-                 machine.clock_hz, hbm_bytes / float(p.hbm_bytes_per_s), parts, gap,
-                 traffic)
+    gap, traffic = _sum_kernel(machine, parts, sum_bytes)
+    return Model(machine.name, t.instruction, r.irate, machine.peak(dtype), flops, padded_flops,
+                 blocks_per_sm, r.sms, t.blocks / resident, step, exposed, cycles,
+                 machine.clock_hz, hbm_bytes / float(machine.params.hbm_bytes_per_s), parts,
+                 gap, traffic)
 
 
 def schedule_program(schedule) -> Program:

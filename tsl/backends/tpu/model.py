@@ -29,6 +29,7 @@ schedule, for the knob choice (`tsl.model.choose`) as for the artifact.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,9 +52,21 @@ def _p(m: Machine, key: str) -> float:
     return float(getattr(m.params, key))
 
 
-def program(plan: Plan, m: Machine) -> Program:
-    """The kernel `plan` on machine `m` as the shared model's `Program` (module docstring)."""
-    check_steps(plan, f"{plan.kind} ({plan.source})")
+@dataclass(frozen=True)
+class _Step:
+    """One grid step's dot on the MXUs: `rows` padded to the row group, `tiles` 128x128
+    weight tiles, `mxu_cycles` on the MXUs, `vmem_bytes` between VMEM and the MXUs."""
+
+    prim: object
+    n_mxu: int
+    group: int
+    rows: int
+    tiles: int
+    mxu_cycles: float
+    vmem_bytes: float
+
+
+def _step(plan: Plan, m: Machine) -> _Step:
     prim = m.primitive(plan.inputs[0].dtype) or m.primitives[0]
     n_mxu = int(m.params.mxu_count)
     rows_per_cycle = prim.macs_per_cycle / (n_mxu * prim.n * prim.k)  # per MXU
@@ -68,6 +81,13 @@ def program(plan: Plan, m: Machine) -> Program:
     vmem_step = (rows8 * kk + kk * cols) * in_size + 2 * rows8 * cols * acc_size
     if plan.kind == "conv":
         vmem_step += rows8 * kk * in_size  # the im2col tile is written, then read by the MXU
+    return _Step(prim, n_mxu, group, rows8, tiles, mxu_cyc, vmem_step)
+
+
+def program(plan: Plan, m: Machine) -> Program:
+    """The kernel `plan` on machine `m` as the shared model's `Program` (module docstring)."""
+    check_steps(plan, f"{plan.kind} ({plan.source})")
+    st = _step(plan, m)
     vmem_bw = _p(m, "vmem_bytes_per_cycle")
     # Cores: the parallel axes' blocks are dealt out; HBM bandwidth is shared.
     par = math.prod(a.extent for a in plan.grid if a.semantics == "parallel")
@@ -76,44 +96,18 @@ def program(plan: Plan, m: Machine) -> Program:
     hbm, vmem = m.levels("global", "A")[0], m.levels("scratchpad", "A")[0].name
     hbm_bw = _p(m, "hbm_bytes_per_s") / m.clock_hz  # bytes per cycle
     S = plan.steps
-    vpu = m.vectors[0].ops_per_cycle if m.vectors else 1024.0
-    transfers, load = [], np.zeros(S)
-    for b in plan.inputs:
-        moved = plan.moved_bytes(b)
-        load += moved
-        transfers.append(_transfer(TransferKind.TILE, f"{b.name} block {_shape(b)}", vmem,
-                                   hbm.name, moved, hbm_bw, cores))
-    # An output block is written back when the next step moves to another block (and after
-    # the last step).
-    held = np.ceil(plan.out.in_bounds(plan.block_indices(plan.out))
-                   * dtype_bytes(plan.out.dtype))
-    leaves = np.ones(S, dtype=bool)
-    leaves[:-1] = plan.fetches(plan.out)[1:]
-    store_at = np.where(leaves, held, 0.0)
-    # Paths are named by the level whose bandwidth they use: the write-back is HBM's, the
-    # operand and accumulator tiles between VMEM and the MXUs VMEM's own.
-    transfers.append(_transfer(TransferKind.WRITE_BACK,
-                               f"C write-back of {_shape(plan.out)} blocks", hbm.name,
-                               hbm.name, store_at, hbm_bw, cores))
+    transfers, load, store_at = _hbm_transfers(plan, hbm.name, vmem, hbm_bw, cores)
     transfers.append(Transfer(kind=TransferKind.TILE,
                               what="VMEM <-> MXU operand and accumulator tiles", level=vmem,
-                              parent=vmem, fills=S, bytes=math.ceil(vmem_step),
+                              parent=vmem, fills=S, bytes=math.ceil(st.vmem_bytes),
                               bandwidth=vmem_bw, units=cores, hidden=1.0))
-    steps = plan.epilogue.steps if plan.epilogue is not None else ()
-    epi = store_at > 0
-    vpu_step = rows8 * cols * max(1, len(steps)) / vpu
-    mask_step = 0.0
-    if plan.conv.get("masked"):
-        # The padded rows and columns of each input window are zeroed on the VPU.
-        cv = plan.conv
-        mask_step = cv["hin"] * cv["win"] * cv["ci"] / vpu
-    comp = np.full(S, float(mxu_cyc) + mask_step) + epi * vpu_step
+    comp = _compute(plan, m, st, store_at > 0)
     # The per-step walk: step t's compute overlaps the loads of step t+1 and the store of step
     # t-1; what a step's DMA takes beyond its compute is a bubble the totals do not show.
     dma = np.zeros(S)
     dma[:-1] += load[1:]
     dma[1:] += store_at[:-1]
-    step = np.maximum(comp, vmem_step / vmem_bw)
+    step = np.maximum(comp, st.vmem_bytes / vmem_bw)
     dma_c = dma / (hbm_bw / cores)
     bubbles = max(0.0, float(np.maximum(step, dma_c).sum())
                   - max(float(step.sum()), float(dma_c.sum())))
@@ -124,28 +118,73 @@ def program(plan: Plan, m: Machine) -> Program:
                                       level=hbm.name, parent=hbm.name, fills=1,
                                       bytes=p.read + p.written, bandwidth=hbm_bw,
                                       shared_bandwidth=hbm_bw, hidden=0.0))
-    macs = S * tiles * rows8 * prim.k * prim.n
-    notes = [f"grid {tuple(a.extent for a in plan.grid)} = {S:,} steps "
+    macs = S * st.tiles * st.rows * st.prim.k * st.prim.n
+    notes = _notes(plan, m, st, cores, bubbles * share, vmem_bw, store_at)
+    return Program(tuple(transfers), float(comp.sum()) * share, macs,
+                   serial_cycles=(overhead + bubbles) * share, notes=notes,
+                   detail={"emitter": "mosaic", "steps": S,
+                           "overhead_s": overhead * share / m.clock_hz,
+                           "bubbles_s": bubbles * share / m.clock_hz,
+                           "mxu_s": S * share * st.mxu_cycles / m.clock_hz,
+                           "mxu_passes": S * st.tiles * -(-st.rows // st.prim.m),
+                           "vmem_bytes": plan.vmem_bytes()[0],
+                           "vmem_budget": int(m.params.vmem_scoped_bytes)})
+
+
+def _hbm_transfers(plan: Plan, hbm: str, vmem: str, hbm_bw: float, cores: int):
+    """The blocks moved between HBM and VMEM: (transfers, bytes loaded per step, bytes
+    written back per step)."""
+    transfers, load = [], np.zeros(plan.steps)
+    for b in plan.inputs:
+        moved = plan.moved_bytes(b)
+        load += moved
+        transfers.append(_transfer(TransferKind.TILE, f"{b.name} block {_shape(b)}", vmem,
+                                   hbm, moved, hbm_bw, cores))
+    # An output block is written back when the next step moves to another block (and after
+    # the last step).
+    held = np.ceil(plan.out.in_bounds(plan.block_indices(plan.out))
+                   * dtype_bytes(plan.out.dtype))
+    leaves = np.ones(plan.steps, dtype=bool)
+    leaves[:-1] = plan.fetches(plan.out)[1:]
+    store_at = np.where(leaves, held, 0.0)
+    # Paths are named by the level whose bandwidth they use: the write-back is HBM's, the
+    # operand and accumulator tiles between VMEM and the MXUs VMEM's own.
+    transfers.append(_transfer(TransferKind.WRITE_BACK,
+                               f"C write-back of {_shape(plan.out)} blocks", hbm,
+                               hbm, store_at, hbm_bw, cores))
+    return transfers, load, store_at
+
+
+def _compute(plan: Plan, m: Machine, st: _Step, epi: np.ndarray) -> np.ndarray:
+    """Cycles of each grid step's compute: the dot, the masking of padded input windows, and
+    the VPU epilogue on the steps that write the output (`epi`)."""
+    vpu = m.vectors[0].ops_per_cycle if m.vectors else 1024.0
+    steps = plan.epilogue.steps if plan.epilogue is not None else ()
+    vpu_step = st.rows * plan.dot[2] * max(1, len(steps)) / vpu
+    mask_step = 0.0
+    if plan.conv.get("masked"):
+        # The padded rows and columns of each input window are zeroed on the VPU.
+        cv = plan.conv
+        mask_step = cv["hin"] * cv["win"] * cv["ci"] / vpu
+    return np.full(plan.steps, float(st.mxu_cycles) + mask_step) + epi * vpu_step
+
+
+def _notes(plan: Plan, m: Machine, st: _Step, cores: int, bubbles: float, vmem_bw: float,
+           store_at: np.ndarray) -> tuple[str, ...]:
+    rows, kk, cols = plan.dot
+    notes = [f"grid {tuple(a.extent for a in plan.grid)} = {plan.steps:,} steps "
              f"({', '.join(a.semantics for a in plan.grid)}), {cores} core(s); {plan.source}",
-             f"per step: dot {rows}x{kk}x{cols} ({rows8} rows padded to {group}): "
-             f"{tiles} weight tiles on {n_mxu} MXUs = {mxu_cyc:,.0f} cycles; VMEM "
-             f"{vmem_step:,} B = {vmem_step / vmem_bw:,.0f} cycles; overhead "
+             f"per step: dot {rows}x{kk}x{cols} ({st.rows} rows padded to {st.group}): "
+             f"{st.tiles} weight tiles on {st.n_mxu} MXUs = {st.mxu_cycles:,.0f} cycles; VMEM "
+             f"{st.vmem_bytes:,} B = {st.vmem_bytes / vmem_bw:,.0f} cycles; overhead "
              f"{_p(m, 'grid_step_cycles'):,.0f} cycles; pipeline bubbles "
-             f"{bubbles * share:,.0f} cycles"]
+             f"{bubbles:,.0f} cycles"]
     for b in plan.inputs + (plan.out,):
         n = int(plan.fetches(b).sum())
         mb = (store_at.sum() if b is plan.out else plan.moved_bytes(b).sum()) / 1e6
         notes.append(f"{b.name}: block {_shape(b)} of {b.shape} {b.dtype}, moved {n:,} times "
                      f"({mb:.2f} MB)")
-    return Program(tuple(transfers), float(comp.sum()) * share, macs,
-                   serial_cycles=(overhead + bubbles) * share, notes=tuple(notes),
-                   detail={"emitter": "mosaic", "steps": S,
-                           "overhead_s": overhead * share / m.clock_hz,
-                           "bubbles_s": bubbles * share / m.clock_hz,
-                           "mxu_s": S * share * mxu_cyc / m.clock_hz,
-                           "mxu_passes": S * tiles * -(-rows8 // prim.m),
-                           "vmem_bytes": plan.vmem_bytes()[0],
-                           "vmem_budget": int(m.params.vmem_scoped_bytes)})
+    return tuple(notes)
 
 
 def _shape(b: Block) -> tuple:

@@ -56,6 +56,39 @@ def _epilogue(jnp, lax, steps, x, bias):
     return x
 
 
+def _window(jnp, lax, pl, cv: dict, x_ref):
+    """The block's input window, with the convolution's zero padding (and rows past the
+    image, for an edge block) masked to zero: the pipeline leaves them undefined."""
+    x = x_ref[0]
+    if not cv["masked"]:
+        return x
+    rows_axis = 2  # grid (co, n, rows, ci)
+    r0 = pl.program_id(rows_axis) * (cv["th"] * cv["stride"]) - cv["pad"]
+    hh = lax.broadcasted_iota(jnp.int32, x.shape, 0) + r0
+    ww = lax.broadcasted_iota(jnp.int32, x.shape, 1) - cv["pad"]
+    ok = (hh >= 0) & (hh < cv["H"]) & (ww >= 0) & (ww < cv["W"])
+    return jnp.where(ok, x, jnp.zeros((), x.dtype))
+
+
+def _im2col(jnp, lax, pl, cv: dict, x_ref, col_ref):
+    """The (rows, R*S*ci) tile of the block's output rows, in VMEM."""
+    th, Q, ci = cv["th"], cv["Q"], cv["ci"]
+    st, dl = cv["stride"], cv["dil"]
+    rows = th * Q
+    x = _window(jnp, lax, pl, cv, x_ref)
+    if col_ref.shape[0] > rows:
+        col_ref[rows:, :] = jnp.zeros((col_ref.shape[0] - rows, col_ref.shape[1]),
+                                      col_ref.dtype)
+    for r in range(cv["R"]):
+        for s in range(cv["S"]):
+            win = lax.slice(x, (r * dl, s * dl, 0),
+                            (r * dl + (th - 1) * st + 1, s * dl + (Q - 1) * st + 1, ci),
+                            (st, st, 1))
+            t = r * cv["S"] + s
+            col_ref[:rows, t * ci:(t + 1) * ci] = win.reshape(rows, ci)
+    return col_ref[...]
+
+
 def _body(plan: Plan):
     """The kernel function: zero the accumulator on the first reduction step, one MXU dot per
     step (for conv2d on the im2col tile it first builds in VMEM), the epilogue on the last."""
@@ -68,41 +101,10 @@ def _body(plan: Plan):
     steps = plan.epilogue.steps if plan.epilogue is not None else ()
     cv = plan.conv
 
-    def window(x_ref):
-        """The block's input window, with the convolution's zero padding (and rows past the
-        image, for an edge block) masked to zero: the pipeline leaves them undefined."""
-        x = x_ref[0]
-        if not cv["masked"]:
-            return x
-        rows_axis = 2  # grid (co, n, rows, ci)
-        r0 = pl.program_id(rows_axis) * (cv["th"] * cv["stride"]) - cv["pad"]
-        hh = lax.broadcasted_iota(jnp.int32, x.shape, 0) + r0
-        ww = lax.broadcasted_iota(jnp.int32, x.shape, 1) - cv["pad"]
-        ok = (hh >= 0) & (hh < cv["H"]) & (ww >= 0) & (ww < cv["W"])
-        return jnp.where(ok, x, jnp.zeros((), x.dtype))
-
-    def im2col(x_ref, col_ref):
-        """The (rows, R*S*ci) tile of the block's output rows, in VMEM."""
-        th, Q, ci = cv["th"], cv["Q"], cv["ci"]
-        st, dl = cv["stride"], cv["dil"]
-        rows = th * Q
-        x = window(x_ref)
-        if col_ref.shape[0] > rows:
-            col_ref[rows:, :] = jnp.zeros((col_ref.shape[0] - rows, col_ref.shape[1]),
-                                          col_ref.dtype)
-        for r in range(cv["R"]):
-            for s in range(cv["S"]):
-                win = lax.slice(x, (r * dl, s * dl, 0),
-                                (r * dl + (th - 1) * st + 1, s * dl + (Q - 1) * st + 1, ci),
-                                (st, st, 1))
-                t = r * cv["S"] + s
-                col_ref[:rows, t * ci:(t + 1) * ci] = win.reshape(rows, ci)
-        return col_ref[...]
-
     def kernel(*refs):
         ins, o_ref, acc_ref = refs[:n_in], refs[n_in], refs[n_in + 1]
         if plan.kind == "conv":
-            lhs = im2col(ins[0], refs[n_in + 2])
+            lhs = _im2col(jnp, lax, pl, cv, ins[0], refs[n_in + 2])
             w = ins[1][...]
             rhs = w.reshape(w.shape[0] * w.shape[1], w.shape[2])
         else:

@@ -298,10 +298,46 @@ def _leaves(func) -> list[_Leaf]:
 def gemm_plan(func, op, tsl_op) -> Plan:
     """The Pallas kernel of a scheduled GEMM (matmul, batch_matmul, dense): see the module
     docstring. `op` is the padded operator the TIR computes, `tsl_op` the user's."""
-    from .codegen import _Load, _param_buffers, _shape
+    from .codegen import _param_buffers, _shape
 
     *ins, out = _param_buffers(func)
     leaves = _leaves(func)
+    copies, mxu, wb = _gemm_leaves(leaves, ins, out)
+    grid = _gemm_grid(copies[ins[0].name], copies[ins[1].name], wb)
+    names = [a.name for a in grid]
+    arrays = {b.name: _shape(b) for b in ins + [out]}
+    blocks = []
+    for buf in ins:
+        if buf.name in copies:
+            lf = copies[buf.name]
+            st = lf.block.body
+            blocks.append(_block_of(buf.name, list(st.value.indices), lf.chain,
+                                    _shape(st.buffer), str(buf.dtype), lf.unit, names, arrays))
+    out_blk = _block_of(out.name, list(wb.block.body.indices), wb.chain, None, str(out.dtype),
+                        wb.unit, names, arrays)
+    blocks += _channel_blocks([b for b in ins if b.name not in copies], out_blk)
+    for b in blocks + [out_blk]:
+        _check_aligned(b, grid)
+    # The accumulator and the contraction.
+    acc_bufs = {lf.block.body.buffer.name: lf.block.body.buffer for lf in leaves
+                if not lf.mxu and lf.block.body.buffer.scope() == "global.vmem_acc"}
+    if len(acc_bufs) != 1:
+        raise LoweringError(f"expected one accumulator in VMEM, found {sorted(acc_bufs)}")
+    acc = next(iter(acc_bufs.values()))
+    acc_shape = tuple(d for d in _shape(acc) if d != 1) or (1,)
+    dims, dot = _contraction(mxu, blocks[0], blocks[1], acc.name)
+    if tuple(b for b in out_blk.block if b is not None) != acc_shape:
+        raise LoweringError(f"the accumulator tile {acc_shape} is not the output block "
+                            f"{out_blk.block}")
+    return Plan("gemm", grid, tuple(blocks), out_blk, acc_shape, str(acc.dtype), dot, dims,
+                tsl_op.epilogue, str(out.dtype), tuple(gemm_passes(tsl_op, op)))
+
+
+def _gemm_leaves(leaves: list[_Leaf], ins, out):
+    """(the copies into VMEM by source buffer, the MXU leaf, the output's write) of a GEMM's
+    leaves, each checked to be there once."""
+    from .codegen import _Load
+
     copies = {lf.block.body.value.source.name: lf for lf in leaves
               if not lf.mxu and isinstance(lf.block.body.value, _Load())
               and lf.block.body.buffer.scope() == "global.vmem"}
@@ -311,59 +347,59 @@ def gemm_plan(func, op, tsl_op) -> Plan:
         raise ScheduleError(f"the TPU back end needs the schedule to tensorize the product onto "
                             f"the MXU once (found {len(mxu)} MXU blocks); call "
                             f"s.tensorize(<the primitive's loop>)")
-    a_buf, b_buf = ins[0].name, ins[1].name
-    if a_buf not in copies or b_buf not in copies:
+    if ins[0].name not in copies or ins[1].name not in copies:
         raise ScheduleError("the Mosaic kernel stages A and B in VMEM; the schedule must "
                             "cache('A', 'scratchpad', ...) and cache('B', 'scratchpad', ...)")
     if len(writes) != 1:
         raise LoweringError(f"the kernel writes its output in {len(writes)} places, not one")
-    # The grid: loops of more than one iteration around the staging, outer to inner.
-    grid_loops = copies[a_buf].loops
-    if [f.loop_var.name for f in copies[b_buf].loops] != [f.loop_var.name for f in grid_loops]:
+    return copies, mxu[0], writes[0]
+
+
+def _gemm_grid(a: _Leaf, b: _Leaf, wb: _Leaf) -> tuple[Axis, ...]:
+    """The grid: loops of more than one iteration around the staging, outer to inner."""
+    grid_loops = a.loops
+    if [f.loop_var.name for f in b.loops] != [f.loop_var.name for f in grid_loops]:
         raise LoweringError("A and B are staged under different loops; the Mosaic kernel "
                             "stages both at the same grid step")
-    names = [f.loop_var.name for f in grid_loops]
-    wb = writes[0]
     out_vars = set().union(*(_vars(e) for e in wb.block.body.indices))
     grid = tuple(Axis(f.loop_var.name, int(f.extent),
                       "parallel" if PARALLEL_ATTR in f.annotations else "arbitrary",
                       f.loop_var.name not in out_vars) for f in grid_loops)
     if any(a.reduction and a.semantics == "parallel" for a in grid):
         raise LoweringError("a reduction loop is parallel")
+    return grid
 
-    def block_of(name, indices, chain, buf_shape, dtype, zero) -> Block:
-        own = {f.loop_var.name for f in chain}
-        starts = [_evaluator(e, names, zero | own) for e in indices]
-        full = _shape(next(b for b in ins + [out] if b.name == name))
-        tile = list(buf_shape) if buf_shape is not None else \
-            [math.prod(int(f.extent) for f in chain if f.loop_var.name in _vars(e)) or 1
-             for e in indices]
-        if len(tile) != len(full):
-            raise LoweringError(f"the tile of {name} has rank {len(tile)}, the array "
-                                f"{len(full)}")
-        block = tuple(None if t == 1 and d < len(full) - 2 else t for d, t in enumerate(tile))
-        sizes = [t for t in tile]
 
-        def index(*g):
-            return tuple(div(s(*g), sz) if b is not None else s(*g)
-                         for s, sz, b in zip(starts, sizes, block))
-        text = "(" + ", ".join(f"({_text(e, names)}) // {sz}" if b is not None else
-                               _text(e, names) for e, sz, b in
-                               zip([_zero_own(e, own | zero) for e in indices], sizes, block)) + ")"
-        return Block(name, full, dtype, block, index, text)
+def _block_of(name, indices, chain, buf_shape, dtype, zero, names, arrays) -> Block:
+    """The block of array `name` (of shape `arrays[name]`) that a copy or write at `indices`
+    under its own loops `chain` moves per grid step (grid loop names `names`)."""
+    own = {f.loop_var.name for f in chain}
+    starts = [_evaluator(e, names, zero | own) for e in indices]
+    full = arrays[name]
+    tile = list(buf_shape) if buf_shape is not None else \
+        [math.prod(int(f.extent) for f in chain if f.loop_var.name in _vars(e)) or 1
+         for e in indices]
+    if len(tile) != len(full):
+        raise LoweringError(f"the tile of {name} has rank {len(tile)}, the array "
+                            f"{len(full)}")
+    block = tuple(None if t == 1 and d < len(full) - 2 else t for d, t in enumerate(tile))
+    sizes = [t for t in tile]
+
+    def index(*g):
+        return tuple(div(s(*g), sz) if b is not None else s(*g)
+                     for s, sz, b in zip(starts, sizes, block))
+    text = "(" + ", ".join(f"({_text(e, names)}) // {sz}" if b is not None else
+                           _text(e, names) for e, sz, b in
+                           zip([_zero_own(e, own | zero) for e in indices], sizes, block)) + ")"
+    return Block(name, full, dtype, block, index, text)
+
+
+def _channel_blocks(extra, out_blk: Block) -> list[Block]:
+    """Per-channel inputs of the epilogue (the bias): a (1, N) array, blocked like the output's
+    last dimension."""
+    from .codegen import _shape
 
     blocks = []
-    for buf in ins:
-        if buf.name in copies:
-            lf = copies[buf.name]
-            st = lf.block.body
-            blocks.append(block_of(buf.name, list(st.value.indices), lf.chain,
-                                   _shape(st.buffer), str(buf.dtype), lf.unit))
-    out_blk = block_of(out.name, list(wb.block.body.indices), wb.chain, None, str(out.dtype),
-                       wb.unit)
-    # Per-channel inputs of the epilogue (the bias): a (1, N) array, blocked like the output's
-    # last dimension.
-    extra = [b for b in ins if b.name not in copies]
     for buf in extra:
         if len(_shape(buf)) != 1 or _shape(buf)[0] != out_blk.shape[-1]:
             raise LoweringError(f"the Mosaic kernel reads {buf.name} {_shape(buf)} only as a "
@@ -375,21 +411,7 @@ def gemm_plan(func, op, tsl_op) -> Plan:
             return (0, last(*g)[-1])
         blocks.append(Block(buf.name, (1,) + _shape(buf), str(buf.dtype), (1, n_blk), index,
                             f"(0, {out_blk.index_text.rsplit(',', 1)[-1].strip(' )')})"))
-    for b in blocks + [out_blk]:
-        _check_aligned(b, grid)
-    # The accumulator and the contraction.
-    acc_bufs = {lf.block.body.buffer.name: lf.block.body.buffer for lf in leaves
-                if not lf.mxu and lf.block.body.buffer.scope() == "global.vmem_acc"}
-    if len(acc_bufs) != 1:
-        raise LoweringError(f"expected one accumulator in VMEM, found {sorted(acc_bufs)}")
-    acc = next(iter(acc_bufs.values()))
-    acc_shape = tuple(d for d in _shape(acc) if d != 1) or (1,)
-    dims, dot = _contraction(mxu[0], blocks[0], blocks[1], acc.name)
-    if tuple(b for b in out_blk.block if b is not None) != acc_shape:
-        raise LoweringError(f"the accumulator tile {acc_shape} is not the output block "
-                            f"{out_blk.block}")
-    return Plan("gemm", grid, tuple(blocks), out_blk, acc_shape, str(acc.dtype), dot, dims,
-                tsl_op.epilogue, str(out.dtype), tuple(gemm_passes(tsl_op, op)))
+    return blocks
 
 
 def _zero_own(e, names):
@@ -588,6 +610,22 @@ def channel_block(want: int, full: int, lane: int = 128) -> int:
     return next((c for c in range(want // lane * lane, 0, -lane) if full % c == 0), full)
 
 
+def _conv_layout_passes(op) -> tuple[Pass, ...]:
+    """The XLA passes around the kernel (which reads NHWC data and RSCK weights and writes NHWC)
+    for an NCHW conv2d: none for an NHWC one."""
+    if op.params["layout"] != "NCHW":
+        return ()
+    N, C, H, W, K, R, S = op.params["shape"]
+    P, Q = _pq(op)
+    size = dtype_bytes(op.dtype)
+    return (Pass("transpose A NCHW->NHWC", math.ceil(N * C * H * W * size),
+                 math.ceil(N * C * H * W * size)),
+            Pass("transpose weights KCRS->RSCK", math.ceil(R * S * C * K * size),
+                 math.ceil(R * S * C * K * size)),
+            Pass("transpose out NHWC->NCHW", *[math.ceil(N * P * Q * K *
+                                                         dtype_bytes(op.out_dtype))] * 2))
+
+
 def conv_plan_for(op, th: int, co: int, ci: int, row_group: int,
                   source: str = "schedule") -> Plan:
     """conv2d on the MXU as a GEMM (rows from N·OH·OW, taps folded into the contraction),
@@ -636,17 +674,8 @@ def conv_plan_for(op, th: int, co: int, ci: int, row_group: int,
               lambda c, n, r, k: (n, r, 0, c), "(g1, g2, 0, g0)")
     grid = (Axis("co", nc, "parallel", False), Axis("n", N, "parallel", False),
             Axis("rows", nr, "parallel", False), Axis("ci", nk, "arbitrary", True))
-    size = dtype_bytes(dt)
-    kept = []
-    if op.params["layout"] == "NCHW":
-        kept = [Pass("transpose A NCHW->NHWC", math.ceil(N * C * H * W * size),
-                     math.ceil(N * C * H * W * size)),
-                Pass("transpose weights KCRS->RSCK", math.ceil(R * S * C * K * size),
-                     math.ceil(R * S * C * K * size)),
-                Pass("transpose out NHWC->NCHW", *[math.ceil(N * P * Q * K *
-                                                             dtype_bytes(out_dt))] * 2)]
     return Plan("conv", grid, tuple(ins), o, (rows_p, co), op.acc_dtype, (rows_p, R * S * ci, co),
-                (((1,), (0,)), ((), ())), op.epilogue, out_dt, tuple(kept),
+                (((1,), (0,)), ((), ())), op.epilogue, out_dt, _conv_layout_passes(op),
                 conv=dict(N=N, C=C, H=H, W=W, K=K, R=R, S=S, P=P, Q=Q, stride=stride, pad=pad,
                           dil=dil, th=th, rows=rows, ci=ci, co=co, hin=hin, win=win,
                           masked=bool(pad or pad_h[1] or pad_w[1]),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ...backend import Backend, Options
 from ...errors import LoweringError
 from ...lower import lower
+from ...tam.capabilities import Capabilities
 from . import codegen
 from .lowering import VTALowering
 from .runtime import VTAArtifact
@@ -29,6 +30,10 @@ class VTABackend(Backend):
     bench_trials = 24
     Options = VTAOptions
     Params = VTAParams
+    # What the codegen's programs do with the DMA (codegen.generate's row_pitch, keep_tiles,
+    # share_tiles), and the simulator's DMA taking a 2-D LOAD or STORE a burst per row.
+    capabilities = Capabilities(serial_rows=True, row_pitch=True, keeps_tiles=True,
+                                shares_tiles=True)
 
     def _build(self, schedule, options: VTAOptions) -> VTAArtifact:
         """The VTA program of `schedule` (`VTAOptions` says what `cthreads` changes)."""
@@ -41,14 +46,10 @@ class VTABackend(Backend):
         cfg = codegen.machine_config(machine)
         lowering = VTALowering(machine, schedule.primitive)
         ctx = lower(schedule, lowering)
-        p = schedule.primitive
-        mover = {mv.dst: mv for mv in machine.movers}
-        a, b = mover.get(p.a_level), mover.get(p.b_level)
-        program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg,
-                                   row_pitch=bool(a and a.row_pitch),
-                                   keep_tiles=bool(a and b and a.keeps_tiles and b.keeps_tiles),
-                                   share_tiles=bool(a and b and a.shares_tiles
-                                                    and b.shares_tiles) and not cthreads,
+        cap = self.capabilities
+        program = codegen.generate(ctx.sch.mod["main"], ctx.op, cfg, row_pitch=cap.row_pitch,
+                                   keep_tiles=cap.keeps_tiles,
+                                   share_tiles=cap.shares_tiles and not cthreads,
                                    thread_major=not cthreads, batch_uops=not cthreads,
                                    split_tail=not cthreads)
         return VTAArtifact(schedule, ctx, program, {"out": lowering.blocked(ctx.op, "out")})

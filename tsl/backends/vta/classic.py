@@ -12,7 +12,7 @@ The classic schedule's structure, and the knob that reproduces each part of it:
   its own copy of every buffer allocated under it (never shared) and issues each statement
   for every thread before the next statement: `build` compiles the baseline that way
   (codegen option `cthreads`), not with the sharing and per-thread ordering of tiles that
-  the project's own programs get. (It keeps the machine's `keeps_tiles`, which the classic
+  the project's own programs get. (It keeps the back end's `keeps_tiles`, which the classic
   program does not have: that only helps the baseline.)
 """
 

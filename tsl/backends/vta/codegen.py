@@ -482,7 +482,7 @@ class _Layout:
         """Per tile dim of an input tile, the step g between the rows the GEMMs read: the tile
         holds every g-th row of the span its copy covers (a 1x1 stride-2 convolution reads
         every other input row), and its LOAD takes them at g times the row pitch. Only where
-        the DMA can (`row_pitch`, the machine's mover) and not for the innermost dim, which is
+        the DMA can (the back end's `row_pitch`) and not for the innermost dim, which is
         each DMA row's contiguous run; 1 elsewhere."""
         if buf in self._steps:
             return self._steps[buf]
@@ -1181,11 +1181,11 @@ def generate(func, op, config: VTAConfig, row_pitch: bool = False,
              split_tail: bool = False) -> Program:
     """The VTA program of a scheduled PrimFunc, every instruction checked to encode (a field
     that does not fit is a build error naming the field and what to change, not a failure of
-    the first run). `row_pitch`: input tiles hold only the rows the GEMMs read (the input
-    mover's `row_pitch`, see `_Layout.steps`). `keep_tiles`: a copy of the region its
-    buffer already holds is skipped (the movers' `keeps_tiles`, see `_Emitter.leaf_copy`).
+    the first run). `row_pitch`: input tiles hold only the rows the GEMMs read (the back
+    end's `Capabilities.row_pitch`, see `_Layout.steps`). `keep_tiles`: a copy of the region
+    its buffer already holds is skipped (`keeps_tiles`, see `_Emitter.leaf_copy`).
     `share_tiles`: virtual threads that need the same region of a buffer at once read one
-    copy of it (the movers' `shares_tiles`, see `_Slots.place`). `thread_major`: the
+    copy of it (`shares_tiles`, see `_Slots.place`). `thread_major`: the
     copies of a step are issued thread by thread (see `_Emitter.walk`), else each copy for
     every thread in turn, as TVM's virtual-thread injection does. `batch_uops`: one LOAD
     UOP per fill of the UOP buffer (`_batch_uop_loads`), else one per kernel, as TVM's
