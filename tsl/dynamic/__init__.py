@@ -89,31 +89,28 @@ def runtime_rows(fam: Family, backend, dims: Dims, options: dict) -> bool:
 
 
 def _build_symbolic(fam, backend, machine, fn, knobs, dims: Dims, values) -> DynamicArtifact:
-    """Kernels with run-time rows, one per range of a doubling ladder (`microkernel`)."""
-    from ..backend import get_backend
-    from ..errors import BackendUnavailable
-
-    try:
-        check = get_backend(machine.backend).check
-    except BackendUnavailable:
-        check = None
-    sym = dims.symbol
-    ladder = values or plan.ladder(min(sym.upper, SYMBOLIC_TOP), 1, True, ratio=2)
-    given = knobs if knobs and not all(isinstance(k, int) for k in knobs) else None
-    kernels = microkernel.kernels(fam, machine, fn, dims.axes, sorted(ladder), sym.upper,
-                                  given, check)
-    if knobs and given is None:  # tuned knobs per range top
-        kernels = [_fixed_kernel(fam, machine, fn, k, knobs[k.value]) if k.value in knobs
-                   else k for k in kernels]
+    """Kernels with run-time rows, one per range of a doubling ladder (`microkernel`);
+    `knobs` by range top ({top: knobs}, a tuned family) are taken as they are."""
+    tuned = knobs if knobs and all(isinstance(k, int) for k in knobs) else None
+    kernels = microkernel.kernels(fam, machine, fn, dims.axes,
+                                  sorted(values or symbolic_ladder(dims.symbol.upper)),
+                                  dims.symbol.upper, None if tuned else knobs,
+                                  _check(machine), tuned)
     for k in kernels:
         k.artifact = backend.build_symbolic(k.schedule, k.blocks)
     return DynamicArtifact(fam, dims, kernels, microkernel.table(fam, kernels))
 
 
-def _fixed_kernel(fam, machine, fn, k: plan.Kernel, knobs: dict) -> plan.Kernel:
-    from ..record import record
+def symbolic_ladder(upper: int) -> list[int]:
+    """The rungs of a family built with run-time rows: doubling up to SYMBOLIC_TOP."""
+    return plan.ladder(min(upper, SYMBOLIC_TOP), 1, True, ratio=2)
 
-    s = record(fam.at(**{fam_symbol(fam): k.value}), machine, fn, knobs)
-    s.as_written = True
-    return plan.Kernel(k.value, s, evaluate(s).seconds,
-                       blocks=symbolic.blocks_of(s, tuple(k.blocks)), fn=fn)
+
+def _check(machine):
+    from ..backend import get_backend
+    from ..errors import BackendUnavailable
+
+    try:
+        return get_backend(machine.backend).check
+    except BackendUnavailable:
+        return None

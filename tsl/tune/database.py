@@ -209,14 +209,24 @@ class Database:
         """The best record for the key; records of the same schedule made from another source
         or tsl version are reported (a warning) and not used."""
         key = Key.of(op, machine, schedule_fn)
+        self.report_stale(key)
+        return self.best(key)
+
+    def best_for_family(self, fam, machine: Machine, schedule_fn) -> dict[int, dict] | None:
+        """A tuned family's knobs per range top (`tsl.tune.family.best_knobs`)."""
+        from .family import best_knobs
+
+        return best_knobs(self, fam, machine, schedule_fn)
+
+    def report_stale(self, key: Key) -> None:
+        """A warning naming the records `stale` finds for `key` (they are not used)."""
         stale = self.stale(key)
         if stale:
             hashes = sorted({r.schedule_hash or "(none)" for r in stale})
             warnings.warn(f"tuning database {self.path}: {len(stale)} records for {key.op} on "
                           f"{key.machine} with {key.schedule} were made by another source of "
                           f"the schedule or another tsl (schedule hash {', '.join(hashes)}, now "
-                          f"{key.schedule_hash}); not used: tune again", stacklevel=3)
-        return self.best(key)
+                          f"{key.schedule_hash}); not used: tune again", stacklevel=4)
 
     def stale(self, key: Key) -> list[Record]:
         """Records of `key`'s operator, machine file and schedule name whose schedule hash is
