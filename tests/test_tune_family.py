@@ -103,3 +103,12 @@ def test_the_build_takes_each_range_s_least_total_and_only_complete_ones(tmp_pat
             db.add(make_record(key, {"knobs": knobs, "top": top, "value": v}, t, "seconds", t))
     art = tsl.build(fam, "cpu", schedule=mine, knobs=db)
     assert art.kernels[-1].knobs == other and art.verify(m=lo + 1)[0]
+
+
+def test_bench_row_compares_the_tuned_family_with_a_static_tune(tuned, tmp_path):
+    from tsl.bench import dynamic as bench
+
+    db, _ = tuned
+    art = tsl.build(family(), "cpu", schedule=mine, knobs=db)
+    r = bench.tuned_row(family(), art, 5, 2, tmp_path)
+    assert r["verified"] and r["family_s"] > 0 and r["static_s"] > 0 and r["static_tune_s"] > 0
