@@ -161,3 +161,14 @@ def test_the_same_family_builds_on_tpu_bucketed():
     for m in (1, 17, 40):
         ok, err = art.verify(m=m)
         assert ok, (m, err)
+
+
+def test_a_call_s_fixed_cost_is_timed_where_the_calls_run_on_this_host():
+    from tsl.backend import resolve_target
+    from tsl.dynamic import calls
+
+    cpu = calls.call_seconds(*resolve_target("cpu"))
+    assert 0 < cpu < 1e-3 and cpu != calls.CALL_SECONDS
+    assert calls.call_seconds(*resolve_target("vta")) == calls.CALL_SECONDS  # simulated
+    fam = tsl.ops.dense(sym("m", upper=8), 16, 16)
+    assert f"{cpu * 1e6:.0f} us per call" in tsl.build(fam, "cpu").dispatch()

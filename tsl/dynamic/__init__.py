@@ -17,6 +17,7 @@ from ..model import evaluate
 from ..ops.sym import Family
 from ..schedules import default_schedule
 from . import microkernel, plan, symbolic
+from .calls import call_seconds
 from .artifact import DynamicArtifact, DynamicBound
 from .shape import Dims, dims_of
 
@@ -75,7 +76,8 @@ def build_family(fam: Family, backend, machine, fn: Callable | None = None, knob
                             f"below the bound {dims.symbol.upper}, and {dims.symbol.name} "
                             f"cannot be cut in chunks here; include the bound")
     kernels = kernels_for(fam, machine, fn, values, knobs)
-    tab = plan.table(kernels, dims.symbol.upper, dims.chunk_axis is not None)
+    tab = plan.table(kernels, dims.symbol.upper, dims.chunk_axis is not None,
+                     call_seconds(backend, machine))
     for n in sorted(tab.used()):
         kernels[n].artifact = backend.build(kernels[n].schedule, **options)
     return DynamicArtifact(fam, dims, kernels, tab)
@@ -98,7 +100,8 @@ def _build_symbolic(fam, backend, machine, fn, knobs, dims: Dims, values) -> Dyn
                                   _check(machine), tuned)
     for k in kernels:
         k.artifact = backend.build_symbolic(k.schedule, k.blocks)
-    return DynamicArtifact(fam, dims, kernels, microkernel.table(fam, kernels))
+    return DynamicArtifact(fam, dims, kernels,
+                           microkernel.table(fam, kernels, call_seconds(backend, machine)))
 
 
 def symbolic_ladder(upper: int) -> list[int]:

@@ -101,16 +101,17 @@ def with_knobs(fam, machine, fn, axes, hi: int, knobs: dict) -> plan.Kernel:
     return plan.Kernel(hi, s, evaluate(s).seconds, blocks=blocks_of(s, axes), fn=fn)
 
 
-def table(fam, kernels: list[plan.Kernel]) -> plan.Table:
+def table(fam, kernels: list[plan.Kernel],
+          call_s: float = plan.CALL_SECONDS) -> plan.Table:
     """Each range runs its kernel; prices come from the model on demand."""
     rows, lo = [], 1
     for n, k in enumerate(kernels):
         rows.append(plan.Range(lo, k.value, n, False))
         lo = k.value + 1
-    tab = plan.Table(rows, None)
+    tab = plan.Table(rows, None, call_s)
 
     def price(v: int) -> float:
         k = kernels[tab.at(v).kernel]
-        return padded_price(fam, k.fn, k.schedule, tuple(k.blocks), v) + plan.CALL_SECONDS
+        return padded_price(fam, k.fn, k.schedule, tuple(k.blocks), v) + call_s
     tab.seconds = price
     return tab
