@@ -11,20 +11,9 @@ from tsl.ops import sym
 from tsl.tune.database import Database, make_record
 from tsl.tune.family import family_key, ranges
 
-DEFAULT = tsl.default_schedule("dense")
+from test_tuning_keys import edited, mine  # one schedule function, and its edited source
+
 TRIALS = 5
-
-
-def mine(s):
-    return DEFAULT(s)
-
-
-def edited(s):  # the same function after an edit: same module and name, another source
-    s.knob("unused", (1,))
-    return DEFAULT(s)
-
-
-edited.__qualname__ = mine.__qualname__
 
 
 def family(upper=8):

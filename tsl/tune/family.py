@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from ..ops.sym import Sym
-from .database import Key, machine_hash, schedule_hash, schedule_name, signature
+from .keys import Key, knobs_key, machine_hash, schedule_hash, schedule_name, signature
 
 
 def family_key(fam, machine, fn) -> Key:
@@ -59,8 +59,6 @@ class Measured:
 
 def measured(db, key: Key) -> dict[tuple, Measured]:
     """The family's records by (range top, knobs): each candidate's timings."""
-    from .database import knobs_key
-
     out: dict[tuple, Measured] = {}
     for r in db.records(key):
         if r.lost or not isinstance(r.knobs.get("knobs"), dict):

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..artifact import call_times
-from ..errors import BackendUnavailable, ScheduleError, TSLError
+from ..errors import BackendUnavailable, InputError, ScheduleError, TSLError
 from ..model import evaluate
 from ..timing import exclusive
-from .database import Database, knobs_key, make_record
+from . import search
+from .database import Database, as_database, knobs_key, make_record
 from .family import Measured, family_key, measured, ranges
-from .search import LearnedModel, knob_features, neighbours, program_features
+from .runner import LocalRunner
+from .search import LearnedModel, TuneResult, knob_features, neighbours, program_features
 
 POOL = 24  # the model's best candidates per range to start from (and the best per row block)
 REPEAT, WARMUP = 5, 3  # calls timed per sample value (the least counts), calls before them
@@ -69,6 +71,32 @@ class FamilyResult:
                 f"({self.measurements} timings, {self.resumed} from the database, "
                 f"{self.failed} failed), {self.speedup:.2f}x the cost model's kernels over "
                 f"the ranges' samples, {self.wall_seconds:.1f} s")
+
+
+def tune(op, target="cpu", trials: int = 24, schedule=None, seed: int = 0,
+         database: Database | str | None = None, runner=None, progress=None,
+         **static) -> "FamilyResult | TuneResult":
+    """`tsl.tune.tune`: an operator's knobs (`tsl.tune.search.tune`, which takes `static`'s
+    options), or, for a `Family` (an operator with a `tsl.ops.sym` dim), its kernels over
+    the symbol's whole range (`tune_family`: a trial is one kernel timed at several values;
+    measured in this process)."""
+    from ..backend import resolve_target
+    from ..ops.sym import Family
+    from ..schedules import default_schedule
+
+    if not isinstance(op, Family):
+        return search.tune(op, target, trials, schedule, seed=seed, database=database,
+                           runner=runner, progress=progress, **static)
+    if runner is not None and not isinstance(runner, LocalRunner):
+        raise InputError(f"{op}: a family is tuned in this process (its kernels are timed "
+                         f"at several values each); leave runner unset")
+    backend, machine = resolve_target(target)
+    why = backend.unavailable(machine)
+    if why:
+        raise BackendUnavailable(f"cannot tune for {machine.name} here: {why}")
+    return tune_family(op, backend, machine, schedule or default_schedule(op.name), trials,
+                       as_database(database) if database is not None else None, seed,
+                       progress)
 
 
 def tune_family(fam, backend, machine, fn, trials: int, database: Database | None,

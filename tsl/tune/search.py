@@ -31,9 +31,8 @@ import numpy as np
 
 from ..backend import resolve_target
 from ..record import record as record_schedule
-from ..errors import BackendUnavailable, InputError, ScheduleError, TSLError
+from ..errors import BackendUnavailable, ScheduleError, TSLError
 from ..model import evaluate
-from ..ops.sym import Family
 from ..primitives.schedule import Schedule
 from ..schedules import default_schedule
 from .database import Database, Key, as_database, knobs_key, make_record
@@ -247,9 +246,7 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
     including those already in `database` (which are not measured again: a run that was
     stopped resumes). Each measurement is appended to the database as it is made, and the
     learned model is saved beside it at the end. `runner` builds and measures (default: in
-    this process); `progress` receives one line per batch. A `Family` (an operator with a
-    `tsl.ops.sym` dim) is tuned for its whole range (`tsl.tune.family_search`: a trial is
-    one kernel timed at several values) and returns a `FamilyResult`."""
+    this process); `progress` receives one line per batch."""
     t0 = time.perf_counter()
     backend, machine = resolve_target(target)
     why = backend.unavailable(machine)
@@ -257,13 +254,6 @@ def tune(op, target="cpu", trials: int = 24, schedule: Callable | None = None,
         raise BackendUnavailable(f"cannot tune for {machine.name} here: {why}")
     fn = schedule or default_schedule(op.name)
     db = as_database(database) if database is not None else None
-    if isinstance(op, Family):
-        if runner is not None and not isinstance(runner, LocalRunner):
-            raise InputError(f"{op}: a family is tuned in this process (its kernels are "
-                             f"timed at several values each); leave runner unset")
-        from .family_search import tune_family
-
-        return tune_family(op, backend, machine, fn, trials, db, seed, progress)
     runner = runner or LocalRunner(seed=seed)
     batch = max(batch, runner.parallelism)
     run = _Search(op, machine, fn, db, runner, candidates(op, machine, fn, pool, seed))
