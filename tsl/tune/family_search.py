@@ -171,7 +171,8 @@ class _Search:
         for r in self.ranges:
             for c in microkernel.pool(fam, machine, fn, axes, r.hi, None, check, top=POOL):
                 r.add(c.schedule)
-            r.sort(lambda i: self.predicted_total(r, i, None))  # the model's choice first
+            totals = self.predicted_totals(r, list(range(len(r.cands))), None)
+            r.sort(totals.__getitem__)  # the model's choice first
         self._resume()
 
     # -- the model ----------------------------------------------------------------------
@@ -203,13 +204,20 @@ class _Search:
         model.fit([e[1] for e, _ in pts], [t for _, t in pts], [e[0] for e, _ in pts])
         return model
 
-    def predicted_total(self, r: _Range, i: int, model) -> float:
-        es = [self.est(r, i, v) for v in r.pts]
-        if any(e[1] is None for e in es):
-            return math.inf
+    def predicted_totals(self, r: _Range, todo: list[int], model) -> list[float]:
+        """Each candidate's predicted seconds summed over the range's samples (inf where its
+        knobs do not record at one of them); the model asked once for them all."""
+        es = {i: [self.est(r, i, v) for v in r.pts] for i in todo}
+        ok = [i for i in todo if all(e[1] is not None for e in es[i])]
+        got = {i: math.inf for i in todo}
         if model is None:
-            return sum(e[0] for e in es)
-        return float(np.exp(model.predict([e[1] for e in es], [e[0] for e in es])).sum())
+            got.update({i: sum(e[0] for e in es[i]) for i in ok})
+        elif ok:
+            pred = np.exp(model.predict([e[1] for i in ok for e in es[i]],
+                                        [e[0] for i in ok for e in es[i]]))
+            n = len(r.pts)
+            got.update({i: float(pred[j * n:(j + 1) * n].sum()) for j, i in enumerate(ok)})
+        return [got[i] for i in todo]
 
     def picks(self, room: int, model) -> list[tuple[_Range, int]]:
         """Per range (while `room` lasts), its unmeasured candidate predicted fastest."""
@@ -218,9 +226,11 @@ class _Search:
             todo = [i for i in range(len(r.cands)) if i not in r.done]
             if len(out) == room or not todo:
                 continue
-            first = 0 if 0 in todo else None  # the model's choice opens every range
-            out.append((r, first if first is not None else
-                        min(todo, key=lambda i: self.predicted_total(r, i, model))))
+            if 0 in todo:  # the model's choice opens every range
+                out.append((r, 0))
+                continue
+            pred = self.predicted_totals(r, todo, model)
+            out.append((r, todo[int(np.argmin(pred))]))
         return out
 
     # -- measuring -----------------------------------------------------------------------
