@@ -74,3 +74,26 @@ def test_without_permission_warns_once_and_times(monkeypatch):
             pass
     with timing.realtime():  # no second warning (pytest's -W error would fail here)
         pass
+
+
+def test_the_time_spent_waiting_for_the_timing_lock_is_counted(tmp_path):
+    import fcntl
+
+    path = tmp_path / "lock"
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with open(path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            held.set()
+            release.wait()
+
+    th = threading.Thread(target=holder)
+    th.start()
+    held.wait()
+    threading.Timer(0.2, release.set).start()
+    before = timing.waited_seconds()
+    with timing.exclusive(str(path)):
+        pass
+    th.join()
+    assert timing.waited_seconds() - before >= 0.15

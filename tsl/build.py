@@ -21,7 +21,8 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
     `tsl.tune.Database`, whose best record for (operator, machine, schedule) is used; with no
     record there, the schedule's defaults are, and a warning says so. A `Family` (an operator
     with `tsl.ops.sym` dims) builds once for its whole range: a `tsl.dynamic.DynamicArtifact`
-    whose micro-kernels the cost model chooses (`knobs`: a dict fixes knobs in all of them)."""
+    whose micro-kernels the cost model chooses (`knobs`: a dict fixes knobs in all of them;
+    a database: the kernels `tsl.tune.tune(family, ...)` measured best, per range)."""
     backend, machine = resolve_target(target)
     why = backend.unavailable(machine, backend.options(**options))
     if why:
@@ -40,11 +41,13 @@ def _build_family(fam: Family, backend, machine: Machine, fn, knobs, options):
     dispatch (tsl.dynamic)."""
     from .dynamic import build_family
 
-    if hasattr(knobs, "best_for"):
-        # Tuning a family (one database entry for its range, #25 part 3) is not built yet.
-        raise ScheduleError(f"{fam}: a tuning database has no entries for a family yet; "
-                            f"build with the cost model's knobs (knobs=None) or tune and "
-                            f"build fam.at(...) per value")
+    if hasattr(knobs, "best_for_family"):
+        db, fn = knobs, fn or default_schedule(fam.name)
+        knobs = db.best_for_family(fam, machine, fn)
+        if knobs is None:
+            warnings.warn(f"tuning database {db.path} has no complete record for {fam} on "
+                          f"{machine.name} with {fn.__module__}.{fn.__qualname__}: building "
+                          f"with the cost model's knobs", stacklevel=3)
     return build_family(fam, backend, machine, fn, knobs, **options)
 
 

@@ -88,6 +88,13 @@ def realtime():
 
 
 LOCK_ENV = "TSL_TIMING_LOCK"
+_waited = 0.0  # seconds this process has waited for the lock (`waited_seconds`)
+
+
+def waited_seconds() -> float:
+    """Seconds `exclusive` has waited for the lock in this process so far: what a wall
+    time that took the lock (a tuning run's) spent on other processes' measurements."""
+    return _waited
 
 
 @contextlib.contextmanager
@@ -100,9 +107,13 @@ def exclusive(path: str | None = None):
         yield
         return
     import fcntl
+    import time
 
+    global _waited
     with open(path, "a") as f:
+        t0 = time.perf_counter()
         fcntl.flock(f, fcntl.LOCK_EX)
+        _waited += time.perf_counter() - t0
         try:
             yield
         finally:

@@ -154,7 +154,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threshold", type=float, default=0.05, help="with --compare: the "
                     "fraction slower, beyond the noise band, that fails (default 0.05)")
     ap.add_argument("--tune", type=int, metavar="N", help="measured trials per tuner in the "
-                    "--vs-metaschedule comparison")
+                    "--vs-metaschedule comparison, or per static tune with --dynamic")
     ap.add_argument("--vs-metaschedule", action="store_true", help="tsl.tune and TVM "
                     "MetaSchedule side by side, N trials each (see tsl/bench/metaschedule.py)")
     ap.add_argument("--models", action="store_true", help="whole models through tsl.relax "
@@ -170,7 +170,11 @@ def parser() -> argparse.ArgumentParser:
                     "(resnet18, mobilenet_v2, encoder); 'none' skips them")
     ap.add_argument("--dynamic", action="store_true", help="shape-generic builds (one build "
                     "of an operator family with a symbolic dim) against a static build per "
-                    "value, with PyTorch/NumPy timed alone (--quick: 4 values, no peers)")
+                    "value, with PyTorch/NumPy timed alone (--quick: 4 values, no peers); "
+                    "with --tune N, each family tuned with 2 x N trials against a static "
+                    "N-trial tune per value (--quick: dense 768->3072 only)")
+    ap.add_argument("--values", help="with --dynamic --tune: the values, comma-separated "
+                    "(default: the issue's twelve; --quick: 1,31,100,333)")
     return ap
 
 
@@ -180,7 +184,13 @@ def main(argv=None) -> int:
     if args.dynamic:
         from .dynamic import main as dynamic_main
 
-        dynamic_main(args.quick, peers=not args.quick)
+        if args.tune:
+            from .dynamic import tuned
+
+            tuned(args.tune, args.quick, [int(v) for v in args.values.split(",")]
+                  if args.values else None)
+        else:
+            dynamic_main(args.quick, peers=not args.quick)
         return 0
     if args.realtime:
         timing.request()

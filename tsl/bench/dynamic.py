@@ -8,16 +8,22 @@ peers of the static operator timed alone
 (`tsl.bench.alone`: PyTorch, NumPy; ONNX Runtime has no operator-level peer here). Also the
 family's compile time and its kernels. The ">= within 10%" numbers are read here, never
 asserted in tests.
+
+With ``--tune N`` (`tuned`): each family tuned once with 2 x N trials (`tsl.tune.tune(family)`)
+against a static N-trial tune of every value, each built from its database and timed as above;
+the tuning times beside (less any waits for the timing lock: other processes' timings).
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from ..timing import exclusive
+from ..timing import exclusive, waited_seconds
 
 VALUES = (1, 5, 16, 31, 64, 100, 128, 200, 333, 512, 1000, 2048)
 QUICK_VALUES = (1, 31, 100, 333)
@@ -97,4 +103,71 @@ def main(quick: bool = False, peers: bool = True, upper: int = 2048) -> list[dic
                   flush=True)
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         print(f"  geo-mean dyn/static {geo:.3f}, worst {max(ratios):.3f}", flush=True)
+    return rows
+
+
+def _tuned_static(op, trials: int, where: Path):
+    import tsl
+
+    db = tsl.tune.Database(where / f"static-{op.shape_str}.jsonl")
+    t0, w0 = time.perf_counter(), waited_seconds()
+    tsl.tune.tune(op, "cpu", trials=trials, database=db, transfer=False)
+    return tsl.build(op, "cpu", knobs=db), _busy(t0, w0)
+
+
+def _busy(t0: float, w0: float) -> float:
+    """Wall seconds since t0, less the waits for the timing lock since w0 (other processes'
+    measurements)."""
+    return time.perf_counter() - t0 - (waited_seconds() - w0)
+
+
+def tuned_row(fam, art, v: int, trials: int, where: Path) -> dict:
+    """The tuned family's artifact against a static N-trial tune of value v, bound, timed
+    interleaved."""
+    op = fam.at(**{next(iter(fam.syms)): v})
+    static, tune_s = _tuned_static(op, trials, where)
+    xs = op.random_inputs(7)
+    consts = {t.name: x for t, x in zip(op.inputs, xs) if t.name in static.constants()}
+    free = [x for t, x in zip(op.inputs, xs) if t.name not in consts]
+    ok = op.check(art.run(*xs), op.reference(*xs))[0] and static.verify()[0]
+    with exclusive():
+        td, ts = _interleaved(art.bind(**consts), static.bind(**consts), free, free)
+    return {"value": v, "family_s": td, "static_s": ts, "ratio": td / ts, "verified": ok,
+            "static_tune_s": tune_s}
+
+
+def tuned(trials: int, quick: bool = False, values=None, upper: int = 2048) -> list[dict]:
+    """Families tuned with 2 x `trials` against per-value `trials`-trial static tunes
+    (--quick: dense 768->3072 only, 4 values)."""
+    import tsl
+
+    rows = []
+    chosen = families(upper)[:1] if quick else families(upper)
+    values = values or (QUICK_VALUES if quick else VALUES)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, fam in chosen:
+            db = tsl.tune.Database(Path(tmp) / f"{len(rows)}-family.jsonl")
+            t0, w0 = time.perf_counter(), waited_seconds()
+            res = tsl.tune.tune(fam, "cpu", trials=2 * trials, database=db)
+            fam_s = _busy(t0, w0)
+            art = tsl.build(fam, "cpu", knobs=db)
+            print(f"\n{name}: family tuned with {2 * trials} trials in {fam_s:.0f} s "
+                  f"({res.measurements} timings; {res.speedup:.2f}x the untuned kernels over "
+                  f"the ranges' samples); static {trials}-trial tunes per value", flush=True)
+            print(f"  {'value':>6} {'family ms':>10} {'static ms':>10} {'fam/static':>10} "
+                  f"{'ok':>3} {'static tune s':>13}", flush=True)
+            got = []
+            for v in values:
+                r = tuned_row(fam, art, v, trials, Path(tmp))
+                got.append(r)
+                print(f"  {v:>6} {r['family_s'] * 1e3:>10.3f} {r['static_s'] * 1e3:>10.3f} "
+                      f"{r['ratio']:>10.3f} {'yes' if r['verified'] else 'NO':>3} "
+                      f"{r['static_tune_s']:>13.1f}", flush=True)
+            ratios = [r["ratio"] for r in got]
+            geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            print(f"  geo-mean family/static {geo:.3f}, worst {max(ratios):.3f}; tuning "
+                  f"(lock waits excluded): family {fam_s:.0f} s for every value, static "
+                  f"{sum(r['static_tune_s'] for r in got):.0f} s for {len(got)} values",
+                  flush=True)
+            rows += [{"family": name, "family_tune_s": fam_s, **r} for r in got]
     return rows

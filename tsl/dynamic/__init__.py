@@ -17,6 +17,7 @@ from ..model import evaluate
 from ..ops.sym import Family
 from ..schedules import default_schedule
 from . import microkernel, plan, symbolic
+from .calls import call_seconds
 from .artifact import DynamicArtifact, DynamicBound
 from .shape import Dims, dims_of
 
@@ -75,7 +76,8 @@ def build_family(fam: Family, backend, machine, fn: Callable | None = None, knob
                             f"below the bound {dims.symbol.upper}, and {dims.symbol.name} "
                             f"cannot be cut in chunks here; include the bound")
     kernels = kernels_for(fam, machine, fn, values, knobs)
-    tab = plan.table(kernels, dims.symbol.upper, dims.chunk_axis is not None)
+    tab = plan.table(kernels, dims.symbol.upper, dims.chunk_axis is not None,
+                     call_seconds(backend, machine))
     for n in sorted(tab.used()):
         kernels[n].artifact = backend.build(kernels[n].schedule, **options)
     return DynamicArtifact(fam, dims, kernels, tab)
@@ -89,31 +91,29 @@ def runtime_rows(fam: Family, backend, dims: Dims, options: dict) -> bool:
 
 
 def _build_symbolic(fam, backend, machine, fn, knobs, dims: Dims, values) -> DynamicArtifact:
-    """Kernels with run-time rows, one per range of a doubling ladder (`microkernel`)."""
+    """Kernels with run-time rows, one per range of a doubling ladder (`microkernel`);
+    `knobs` by range top ({top: knobs}, a tuned family) are taken as they are."""
+    tuned = knobs if knobs and all(isinstance(k, int) for k in knobs) else None
+    kernels = microkernel.kernels(fam, machine, fn, dims.axes,
+                                  sorted(values or symbolic_ladder(dims.symbol.upper)),
+                                  dims.symbol.upper, None if tuned else knobs,
+                                  _check(machine), tuned)
+    for k in kernels:
+        k.artifact = backend.build_symbolic(k.schedule, k.blocks)
+    return DynamicArtifact(fam, dims, kernels,
+                           microkernel.table(fam, kernels, call_seconds(backend, machine)))
+
+
+def symbolic_ladder(upper: int) -> list[int]:
+    """The rungs of a family built with run-time rows: doubling up to SYMBOLIC_TOP."""
+    return plan.ladder(min(upper, SYMBOLIC_TOP), 1, True, ratio=2)
+
+
+def _check(machine):
     from ..backend import get_backend
     from ..errors import BackendUnavailable
 
     try:
-        check = get_backend(machine.backend).check
+        return get_backend(machine.backend).check
     except BackendUnavailable:
-        check = None
-    sym = dims.symbol
-    ladder = values or plan.ladder(min(sym.upper, SYMBOLIC_TOP), 1, True, ratio=2)
-    given = knobs if knobs and not all(isinstance(k, int) for k in knobs) else None
-    kernels = microkernel.kernels(fam, machine, fn, dims.axes, sorted(ladder), sym.upper,
-                                  given, check)
-    if knobs and given is None:  # tuned knobs per range top
-        kernels = [_fixed_kernel(fam, machine, fn, k, knobs[k.value]) if k.value in knobs
-                   else k for k in kernels]
-    for k in kernels:
-        k.artifact = backend.build_symbolic(k.schedule, k.blocks)
-    return DynamicArtifact(fam, dims, kernels, microkernel.table(fam, kernels))
-
-
-def _fixed_kernel(fam, machine, fn, k: plan.Kernel, knobs: dict) -> plan.Kernel:
-    from ..record import record
-
-    s = record(fam.at(**{fam_symbol(fam): k.value}), machine, fn, knobs)
-    s.as_written = True
-    return plan.Kernel(k.value, s, evaluate(s).seconds,
-                       blocks=symbolic.blocks_of(s, tuple(k.blocks)), fn=fn)
+        return None

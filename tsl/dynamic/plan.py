@@ -20,10 +20,8 @@ from dataclasses import dataclass, field
 
 from ..errors import ScheduleError
 from ..primitives.schedule import Schedule
+from .calls import CALL_SECONDS
 
-# One more kernel call from the artifact: argument conversion and the thread pool's fork-join
-# (tens of microseconds measured on the CPU back end); a chunk must save more than this.
-CALL_SECONDS = 3e-5
 # Chunkable families stop the ladder here (times the granule): larger values are cut in
 # chunks this big, so a kernel is not compiled for every size up to the bound; big enough
 # that a call's fixed cost is a few percent of its work.
@@ -60,6 +58,7 @@ class Range:
 class Table:
     ranges: list[Range]
     seconds: object = field(repr=False)  # model time per value: a list, or v -> seconds
+    call_seconds: float = CALL_SECONDS  # one call's fixed cost in those times (`calls`)
 
     def __post_init__(self):
         self._los = [r.lo for r in self.ranges]
@@ -88,8 +87,10 @@ def ladder(upper: int, granule: int, chunkable: bool, ratio: float = 1.5) -> lis
     return sorted(rungs)
 
 
-def table(kernels: list[Kernel], upper: int, chunkable: bool) -> Table:
-    """The cheapest plan (model seconds + CALL_SECONDS per call) for every value 1..upper."""
+def table(kernels: list[Kernel], upper: int, chunkable: bool,
+          call_s: float = CALL_SECONDS) -> Table:
+    """The cheapest plan (model seconds + `call_s` per call: `calls.call_seconds`) for
+    every value 1..upper."""
     top = max(range(len(kernels)), key=lambda n: kernels[n].value)
     cost = [0.0] * (upper + 1)
     first: list[tuple[int, bool]] = [(0, False)] * (upper + 1)
@@ -97,9 +98,9 @@ def table(kernels: list[Kernel], upper: int, chunkable: bool) -> Table:
         best = None
         for n, k in enumerate(kernels):
             if k.value >= v:
-                c, step = k.seconds + CALL_SECONDS, (n, False)
+                c, step = k.seconds + call_s, (n, False)
             elif chunkable and n == top:
-                c, step = k.seconds + CALL_SECONDS + cost[v - k.value], (n, True)
+                c, step = k.seconds + call_s + cost[v - k.value], (n, True)
             else:
                 continue
             if best is None or c < best:
@@ -114,7 +115,7 @@ def table(kernels: list[Kernel], upper: int, chunkable: bool) -> Table:
             ranges[-1] = Range(ranges[-1].lo, v, *first[v])
         else:
             ranges.append(Range(v, v, *first[v]))
-    return Table(ranges, cost)
+    return Table(ranges, cost, call_s)
 
 
 def pieces(tab: Table, kernels: list[Kernel], v: int) -> list[tuple[int, int]]:
@@ -131,7 +132,7 @@ def pieces(tab: Table, kernels: list[Kernel], v: int) -> list[tuple[int, int]]:
 def describe(tab: Table, kernels: list[Kernel], name: str) -> str:
     """The decision table as text: each range, the kernel it runs and the model's why."""
     lines = [f"{name} -> micro-kernels (model seconds per call: kernel time + "
-             f"{CALL_SECONDS * 1e6:.0f} us per call)"]
+             f"{tab.call_seconds * 1e6:.0f} us per call)"]
     for n, k in enumerate(kernels):
         mark = "" if n in tab.used() else "  (not used: never the cheapest)"
         rows = f" (any {name}: padded to blocks {k.blocks})" if k.blocks else ""

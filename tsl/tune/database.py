@@ -15,78 +15,21 @@ a warning when the file is read.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import math
 import os
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from functools import cache
 from pathlib import Path
 
 from ..errors import InputError
 from ..ops.operator import Operator
 from ..tam import Machine
+from .keys import (Key, _plain, knobs_key, machine_hash, schedule_hash,  # noqa: F401
+                   schedule_name, signature, versions)
 
 KINDS = ("seconds", "cycles", "model")  # timed on a device / simulated cycles / an estimate
-
-
-def signature(op: Operator) -> str:
-    """A stable text key for an operator: everything that changes its code or its time."""
-    extra = " ".join(f"{k}={_plain(v)}" for k, v in sorted(op.params.items()) if k != "shape")
-    steps = "+".join(s.kind + ("(" + ",".join(map(str, s.value)) + ")" if s.value else "")
-                     for s in op.epilogue.steps)
-    return " ".join(x for x in (op.name, op.shape_str, op.dtype, f"acc={op.acc_dtype}", extra,
-                                f"epilogue={steps}" if steps else "",
-                                f"out={op.out_dtype}") if x)
-
-
-def machine_hash(machine: Machine) -> str:
-    """First 12 hex digits of the SHA-256 of the machine's file (of its fields when it was
-    built in Python)."""
-    if machine.source and Path(machine.source).is_file():
-        p = Path(machine.source)
-        return _file_hash(str(p.resolve()), p.stat().st_mtime_ns)
-    return hashlib.sha256(repr(machine).encode()).hexdigest()[:12]
-
-
-@cache
-def _file_hash(path: str, _mtime_ns: int) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
-
-
-def schedule_name(fn) -> str:
-    return f"{fn.__module__}.{fn.__qualname__}"
-
-
-def schedule_hash(fn) -> str:
-    """First 12 hex digits of the SHA-256 of the schedule function's source and tsl's version
-    (a function without source, defined at a prompt: of its byte code and constants)."""
-    try:
-        text = inspect.getsource(fn)
-    except (OSError, TypeError):
-        text = repr((fn.__code__.co_code, fn.__code__.co_consts))
-    return hashlib.sha256(f"{versions()['tsl']}\n{text}".encode()).hexdigest()[:12]
-
-
-def knobs_key(knobs: dict) -> str:
-    return json.dumps(knobs, sort_keys=True)
-
-
-@dataclass(frozen=True)
-class Key:
-    op: str
-    machine: str
-    machine_hash: str
-    schedule: str
-    schedule_hash: str = ""
-
-    @classmethod
-    def of(cls, op: Operator, machine: Machine, schedule_fn) -> "Key":
-        return cls(signature(op), machine.name, machine_hash(machine), schedule_name(schedule_fn),
-                   schedule_hash(schedule_fn))
 
 
 @dataclass(frozen=True)
@@ -117,20 +60,6 @@ class Record:
     @property
     def ok(self) -> bool:
         return self.error is None and self.seconds is not None and math.isfinite(self.seconds)
-
-
-@cache
-def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from .. import __version__
-
-    out = {"tsl": __version__}
-    try:
-        out["tvm"] = version("apache-tvm")
-    except PackageNotFoundError:
-        out["tvm"] = "unknown"
-    return out
 
 
 def make_record(key: Key, knobs: dict, value=None, kind="seconds", seconds=None, error=None,
@@ -209,14 +138,24 @@ class Database:
         """The best record for the key; records of the same schedule made from another source
         or tsl version are reported (a warning) and not used."""
         key = Key.of(op, machine, schedule_fn)
+        self.report_stale(key)
+        return self.best(key)
+
+    def best_for_family(self, fam, machine: Machine, schedule_fn) -> dict[int, dict] | None:
+        """A tuned family's knobs per range top (`tsl.tune.family.best_knobs`)."""
+        from .family import best_knobs
+
+        return best_knobs(self, fam, machine, schedule_fn)
+
+    def report_stale(self, key: Key) -> None:
+        """A warning naming the records `stale` finds for `key` (they are not used)."""
         stale = self.stale(key)
         if stale:
             hashes = sorted({r.schedule_hash or "(none)" for r in stale})
             warnings.warn(f"tuning database {self.path}: {len(stale)} records for {key.op} on "
                           f"{key.machine} with {key.schedule} were made by another source of "
                           f"the schedule or another tsl (schedule hash {', '.join(hashes)}, now "
-                          f"{key.schedule_hash}); not used: tune again", stacklevel=3)
-        return self.best(key)
+                          f"{key.schedule_hash}); not used: tune again", stacklevel=4)
 
     def stale(self, key: Key) -> list[Record]:
         """Records of `key`'s operator, machine file and schedule name whose schedule hash is
@@ -239,11 +178,3 @@ def as_database(db) -> Database:
     if isinstance(db, (str, os.PathLike)):
         return Database(db)
     raise InputError(f"database must be a tsl.tune.Database or a path, got {type(db).__name__}")
-
-
-def _plain(v):
-    if isinstance(v, (list, tuple)):
-        return "x".join(map(str, v)) if all(isinstance(x, int) for x in v) else list(v)
-    if hasattr(v, "item"):  # NumPy scalars
-        return v.item()
-    return v

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..backend import Backend, resolve_target
 from ..errors import BackendUnavailable, TSLError
 from ..primitives.schedule import Schedule
+from ..timing import exclusive
 from .database import signature
 
 
@@ -83,7 +84,9 @@ def build_and_measure(schedule: Schedule, check: bool = True, seed: int = 0,
             bad = wrong_result(art, seed + 1)
             if bad:
                 return Outcome(error=bad, device=device)
-        value, kind, seconds = measure_artifact(backend, art, schedule.op.random_inputs(seed))
+        xs = schedule.op.random_inputs(seed)
+        with exclusive():  # the timing lock, when one is set (`tsl.timing`): not the build
+            value, kind, seconds = measure_artifact(backend, art, xs)
     except BackendUnavailable:
         raise
     except TSLError as e:

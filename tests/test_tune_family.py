@@ -1,0 +1,103 @@
+"""Tuning a family (#25 part 3): one tuning for a symbol's whole range, one database entry,
+and `tsl.build(family, knobs=db)` running the tuned kernels at any value."""
+
+import pytest
+
+import tsl
+from tsl import tune
+from tsl.dynamic import microkernel
+from tsl.errors import InputError, ScheduleError
+from tsl.ops import sym
+from tsl.tune.database import Database, make_record
+from tsl.tune.family import family_key, ranges
+
+from test_tuning_keys import edited, mine  # one schedule function, and its edited source
+
+TRIALS = 5
+
+
+def family(upper=8):
+    return tsl.ops.dense(sym("m", upper=upper), 40, 24, epilogue=tsl.ops.bias() + tsl.ops.relu())
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    db = Database(tmp_path_factory.mktemp("fam") / "t.jsonl")
+    res = tune.tune(family(), "cpu", trials=TRIALS, schedule=mine, database=db)
+    return db, res
+
+
+def test_a_family_is_tuned_once_into_one_entry_and_built_at_any_value(tuned):
+    db, res = tuned
+    fam = family()
+    assert res.trials == TRIALS and res.failed == 0 and res.measurements > TRIALS
+    assert res.ranked_by[0] == "analytic"
+    # one key for the whole family: the symbol and its bound in it, measurements at several m
+    (key,) = db.keys()
+    assert key == family_key(fam, tsl.backend.resolve_target("cpu")[1], mine) and "m<=8" in key.op
+    assert len({r.knobs["value"] for r in db.records()}) >= 5
+    assert all(res.seconds[top] <= d for top, d in res.default_seconds.items())
+
+    again = Database(db.path)  # reloaded from the file
+    art = tsl.build(fam, "cpu", schedule=mine, knobs=again)
+    assert {k.value: k.knobs for k in art.kernels} == res.knobs
+    for m in (1, 3, 5, 7, 8):  # incl. values that are not whole blocks
+        ok, err = art.verify(seed=m, m=m)
+        assert ok, (m, err)
+
+
+def test_a_stopped_family_tuning_resumes(tuned, tmp_path):
+    db, first = tuned
+    copy = Database(tmp_path / "t.jsonl")
+    for r in db.records():
+        copy.add(r)
+    more = tune.tune(family(), "cpu", trials=TRIALS + 2, schedule=mine, database=copy)
+    assert more.resumed == TRIALS and more.trials == TRIALS + 2
+    assert len(Database(copy.path)) > len(db)
+    assert sum(more.seconds.values()) <= sum(first.seconds.values())
+
+
+def test_records_of_another_bound_or_schedule_source_are_refused(tuned):
+    db, res = tuned
+    with pytest.warns(UserWarning) as caught:
+        art = tsl.build(family(12), "cpu", schedule=mine, knobs=db)
+    said = " ".join(str(w.message) for w in caught)
+    assert "m<=8" in said and "another bound" in said and "cost model's knobs" in said
+    assert art.verify(m=11)[0]
+    with pytest.warns(UserWarning) as caught:
+        art = tsl.build(family(), "cpu", schedule=edited, knobs=db)
+    said = " ".join(str(w.message) for w in caught)
+    assert "another source of the schedule" in said and "cost model's knobs" in said
+    assert art.verify(m=7)[0]
+
+
+def test_what_a_family_tuning_cannot_do_is_a_typed_error():
+    conv = tsl.ops.conv2d(sym("n", upper=4), 4, 6, 6, 8, 3, 3, padding=1)
+    with pytest.raises(ScheduleError, match="run-time rows"):
+        tune.tune(conv, "cpu", trials=2)
+    with pytest.raises(InputError, match="leave runner unset"):
+        tune.tune(family(), "cpu", trials=2, runner=tune.PoolRunner(1))
+
+
+def test_the_build_takes_each_range_s_least_total_and_only_complete_ones(tmp_path):
+    fam, m = family(), tsl.backend.resolve_target("cpu")[1]
+    key = family_key(fam, m, mine)
+    (lo, top, pts), = [r for r in ranges(fam) if r[1] == 8]
+    model = microkernel.choose(fam, m, mine, ("i",), lo, top, None, None).knobs
+    other = {**model, "k_inner": 1 if model["k_inner"] != 1 else 2, "outer": "m"}
+    db = Database(tmp_path / "t.jsonl")
+    for knobs, t, vals in ((model, 2e-3, pts), (other, 1e-3, pts), ({**other, "outer": "n"},
+                                                                   1e-4, pts[:-1])):
+        for v in vals:  # the last one's timings stop short: it is not used
+            db.add(make_record(key, {"knobs": knobs, "top": top, "value": v}, t, "seconds", t))
+    art = tsl.build(fam, "cpu", schedule=mine, knobs=db)
+    assert art.kernels[-1].knobs == other and art.verify(m=lo + 1)[0]
+
+
+def test_bench_row_compares_the_tuned_family_with_a_static_tune(tuned, tmp_path):
+    from tsl.bench import dynamic as bench
+
+    db, _ = tuned
+    art = tsl.build(family(), "cpu", schedule=mine, knobs=db)
+    r = bench.tuned_row(family(), art, 5, 2, tmp_path)
+    assert r["verified"] and r["family_s"] > 0 and r["static_s"] > 0 and r["static_tune_s"] > 0

@@ -1,0 +1,100 @@
+"""A tuned family's database entry (#25 part 3): its key, and the knobs a build takes from it.
+
+    res = tsl.tune.tune(fam, "cpu", trials=128, database=db)   # fam: an operator with a sym
+    art = tsl.build(fam, "cpu", knobs=db)                       # the tuned kernels, any value
+
+A family built with run-time rows runs one kernel per range (lo, hi] of its symbol
+(`tsl.dynamic.microkernel.ranges`); tuning measures candidates for each range at the range's
+sample values (`microkernel.samples`). Every measurement is a record of ONE key, the
+family's: the operator at value 1 with the symbol, its bound and the parameters it stands
+for in place of a shape, then machine, machine file hash, schedule name and schedule source
+hash (with tsl's version) as for any key. A record's knobs are {"knobs": the schedule's,
+"top": the range's hi, "value": the value it was timed at}. A range's tuned knobs are those
+of least total time over all its samples; records of the same family made for another bound,
+or by another source of the schedule, are reported (a warning) and not used.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+
+from ..ops.sym import Sym
+from .keys import Key, knobs_key, machine_hash, schedule_hash, schedule_name, signature
+
+
+def family_key(fam, machine, fn) -> Key:
+    name, sym = next(iter(fam.syms.items()))
+    params = ",".join(p for p, v in fam.dims.items() if isinstance(v, Sym))
+    op = f"family {name}<={sym.upper} in {params}: {signature(fam.at(**{name: 1}))}"
+    return Key(op, machine.name, machine_hash(machine), schedule_name(fn), schedule_hash(fn))
+
+
+def ranges(fam) -> list[tuple[int, int, list[int]]]:
+    """(lo, hi, sample values) of each kernel's range, as a build with run-time rows makes
+    them."""
+    from ..dynamic import microkernel, symbolic_ladder
+
+    upper = next(iter(fam.syms.values())).upper
+    return [(lo, hi, microkernel.samples(lo, hi))
+            for lo, hi in microkernel.ranges(symbolic_ladder(upper), upper)]
+
+
+@dataclass
+class Measured:
+    """One candidate of one range: seconds per sample value (`error` when it failed)."""
+
+    top: int
+    knobs: dict
+    seconds: dict = field(default_factory=dict)
+    error: str | None = None
+
+    def total(self, pts) -> float | None:
+        """Seconds summed over `pts`; None unless every one was timed."""
+        if self.error is not None or any(v not in self.seconds for v in pts):
+            return None
+        return sum(self.seconds[v] for v in pts)
+
+
+def measured(db, key: Key) -> dict[tuple, Measured]:
+    """The family's records by (range top, knobs): each candidate's timings."""
+    out: dict[tuple, Measured] = {}
+    for r in db.records(key):
+        if r.lost or not isinstance(r.knobs.get("knobs"), dict):
+            continue
+        k = (int(r.knobs["top"]), knobs_key(r.knobs["knobs"]))
+        m = out.setdefault(k, Measured(k[0], r.knobs["knobs"]))
+        if r.ok:
+            m.seconds[int(r.knobs["value"])] = r.seconds
+        else:
+            m.error = r.error
+    return out
+
+
+def best_knobs(db, fam, machine, fn) -> dict[int, dict] | None:
+    """{range top: knobs} of the least total time over the range's samples, for the ranges
+    the database measured completely; None when it has none (what does not apply is
+    reported)."""
+    key = family_key(fam, machine, fn)
+    _report_other_bounds(db, key)
+    db.report_stale(key)
+    got = measured(db, key)
+    out = {}
+    for _, hi, pts in ranges(fam):
+        totals = [(m.total(pts), m.knobs) for (top, _), m in got.items() if top == hi]
+        totals = [(t, k) for t, k in totals if t is not None]
+        if totals:
+            out[hi] = min(totals, key=lambda tk: tk[0])[1]
+    return out or None
+
+
+def _report_other_bounds(db, key: Key) -> None:
+    stem = re.sub(r"<=\d+ in", "<=* in", key.op)
+    others = sorted({k.op.split(":")[0] for k in db.keys() if k != key
+                     and re.sub(r"<=\d+ in", "<=* in", k.op) == stem
+                     and (k.machine, k.schedule) == (key.machine, key.schedule)})
+    if others:
+        warnings.warn(f"tuning database {db.path}: records for {', '.join(others)} are for "
+                      f"another bound than {key.op.split(':')[0]}; not used: tune this "
+                      f"family", stacklevel=4)

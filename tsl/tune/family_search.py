@@ -1,0 +1,330 @@
+"""`tsl.tune.tune` of a family: the micro-kernels of a symbol's whole range tuned at once.
+
+A trial is one candidate for one range (lo, hi] of the build (`tsl.tune.family.ranges`):
+its kernel with run-time rows compiled once (recorded at hi), checked against NumPy at the
+range's smallest sample value, then timed (bound, per call, the best of a few) at each of the
+range's sample values -- one compile serves every sample, as the built kernel serves every
+value. Round one measures, per range, the cost model's own choice (what an untuned build
+runs); each later round one more candidate per range, ranked by its predicted total time over
+the range's samples. The prediction is the analytic model's time of the knobs at each sample
+(padded to their row block) corrected by ONE XGBoost model shared across the ranges, trained
+on every measurement so far: its features are the static tuner's (program and knobs, size
+free) and the value itself and its padding, so what it learns at one value of M ranks the
+candidates at the others. After each round the one-knob neighbours of a range's best and the
+best knobs of the ranges beside it (where they record) join its candidates.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..artifact import call_times
+from ..errors import BackendUnavailable, InputError, ScheduleError, TSLError
+from ..model import evaluate
+from ..timing import exclusive
+from . import search
+from .database import Database, as_database, knobs_key, make_record
+from .family import Measured, family_key, measured, ranges
+from .runner import LocalRunner
+from .search import LearnedModel, TuneResult, knob_features, neighbours, program_features
+
+POOL = 24  # the model's best candidates per range to start from (and the best per row block)
+REPEAT, WARMUP = 5, 3  # calls timed per sample value (the least counts), calls before them
+
+
+@dataclass
+class FamilyResult:
+    """Per range top: the knobs chosen, their total measured seconds over the range's
+    samples, and the cost model's own choice's (the untuned build's kernel)."""
+
+    knobs: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    default_seconds: dict = field(default_factory=dict)
+    samples: dict = field(default_factory=dict)  # range top -> the values timed
+    trials: int = 0  # candidates compiled and timed (counting those from the database)
+    measurements: int = 0  # (candidate, value) timings
+    resumed: int = 0
+    failed: int = 0
+    ranked_by: list = field(default_factory=list)  # per round: analytic / learned
+    wall_seconds: float = 0.0
+
+    @property
+    def speedup(self) -> float:
+        """Total over every range's samples: the model's choices over the tuned ones."""
+        both = [hi for hi in self.seconds if hi in self.default_seconds]
+        return (sum(self.default_seconds[hi] for hi in both)
+                / sum(self.seconds[hi] for hi in both)) if both else math.nan
+
+    def summary(self) -> dict:
+        return {"knobs": self.knobs, "seconds": self.seconds, "kind": "seconds",
+                "default_seconds": self.default_seconds, "speedup": self.speedup,
+                "trials": self.trials, "measurements": self.measurements,
+                "resumed": self.resumed, "failed": self.failed, "ranked_by": self.ranked_by,
+                "wall_seconds": self.wall_seconds}
+
+    def __str__(self) -> str:
+        return (f"family tuned: {len(self.knobs)} ranges, {self.trials} trials "
+                f"({self.measurements} timings, {self.resumed} from the database, "
+                f"{self.failed} failed), {self.speedup:.2f}x the cost model's kernels over "
+                f"the ranges' samples, {self.wall_seconds:.1f} s")
+
+
+def tune(op, target="cpu", trials: int = 24, schedule=None, seed: int = 0,
+         database: Database | str | None = None, runner=None, progress=None,
+         **static) -> "FamilyResult | TuneResult":
+    """`tsl.tune.tune`: an operator's knobs (`tsl.tune.search.tune`, which takes `static`'s
+    options), or, for a `Family` (an operator with a `tsl.ops.sym` dim), its kernels over
+    the symbol's whole range (`tune_family`: a trial is one kernel timed at several values;
+    measured in this process)."""
+    from ..backend import resolve_target
+    from ..ops.sym import Family
+    from ..schedules import default_schedule
+
+    if not isinstance(op, Family):
+        return search.tune(op, target, trials, schedule, seed=seed, database=database,
+                           runner=runner, progress=progress, **static)
+    if runner is not None and not isinstance(runner, LocalRunner):
+        raise InputError(f"{op}: a family is tuned in this process (its kernels are timed "
+                         f"at several values each); leave runner unset")
+    backend, machine = resolve_target(target)
+    why = backend.unavailable(machine)
+    if why:
+        raise BackendUnavailable(f"cannot tune for {machine.name} here: {why}")
+    return tune_family(op, backend, machine, schedule or default_schedule(op.name), trials,
+                       as_database(database) if database is not None else None, seed,
+                       progress)
+
+
+def tune_family(fam, backend, machine, fn, trials: int, database: Database | None,
+                seed: int = 0, progress=None) -> FamilyResult:
+    """Tune `fam`'s kernels for `machine` (see the module's text); measurements go to
+    `database` as they are made."""
+    from ..dynamic import runtime_rows
+    from ..dynamic.shape import dims_of
+
+    t0 = time.perf_counter()
+    dims = dims_of(fam)
+    if not runtime_rows(fam, backend, dims, {}):
+        raise ScheduleError(f"{fam}: tuning a family needs kernels with run-time rows (a "
+                            f"GEMM's rows or columns on a back end that compiles them; "
+                            f"{machine.name} builds per-value kernels here): tune "
+                            f"fam.at(...) per value instead")
+    run = _Search(fam, backend, machine, fn, dims.axes, database, seed)
+    n_round = 0
+    while run.result.trials < trials:
+        model = run.fitted()
+        picks = run.picks(trials - run.result.trials, model)
+        if not picks:
+            break
+        run.result.ranked_by.append("learned" if model is not None else "analytic")
+        for r, i in picks:
+            run.measure(r, i)
+        run.grow()
+        n_round += 1
+        if progress:
+            progress(f"round {n_round}: {run.result.trials}/{trials} trials, "
+                     f"{run.result.failed} failed, {time.perf_counter() - t0:.1f} s")
+    return run.finish(t0)
+
+
+class _Range:
+    def __init__(self, lo: int, hi: int, pts: list[int]):
+        self.lo, self.hi, self.pts = lo, hi, pts
+        self.cands: list = []  # schedules recorded at hi
+        self.known: dict[str, int] = {}
+        self.done: dict[int, Measured] = {}
+
+    def add(self, s) -> int:
+        k = knobs_key(s.knob_values)
+        if k not in self.known:
+            self.known[k] = len(self.cands)
+            self.cands.append(s)
+        return self.known[k]
+
+    def sort(self, key) -> None:
+        """Candidates in the order of `key` (before any is measured)."""
+        self.cands = [self.cands[i] for i in sorted(range(len(self.cands)), key=key)]
+        self.known = {knobs_key(s.knob_values): i for i, s in enumerate(self.cands)}
+
+    def best(self) -> int | None:
+        ok = [(m.total(self.pts), i) for i, m in self.done.items()
+              if m.total(self.pts) is not None]
+        return min(ok)[1] if ok else None
+
+
+class _Search:
+    def __init__(self, fam, backend, machine, fn, axes, db, seed: int):
+        from ..dynamic import _check as microkernel_check, microkernel
+
+        self.fam, self.backend, self.machine, self.fn = fam, backend, machine, fn
+        self.axes, self.db, self.seed = axes, db, seed
+        self.name = next(iter(fam.syms))
+        self.key = family_key(fam, machine, fn)
+        self.result = FamilyResult()
+        self.ranges = [_Range(lo, hi, pts) for lo, hi, pts in ranges(fam)]
+        self.ests: dict[tuple, tuple] = {}  # (range top, knobs, value) -> (analytic, feats)
+        check = microkernel_check(machine)
+        for r in self.ranges:
+            for c in microkernel.pool(fam, machine, fn, axes, r.hi, None, check, top=POOL):
+                r.add(c.schedule)
+            totals = self.predicted_totals(r, list(range(len(r.cands))), None)
+            r.sort(totals.__getitem__)  # the model's choice first
+        self._resume()
+
+    # -- the model ----------------------------------------------------------------------
+    def est(self, r: _Range, i: int, v: int) -> tuple:
+        k = (r.hi, knobs_key(r.cands[i].knob_values), v)
+        if k not in self.ests:
+            from ..dynamic.microkernel import padded_schedule
+            from ..dynamic.symbolic import blocks_of, padded
+
+            s = r.cands[i]
+            t = padded_schedule(self.fam, self.fn, s, self.axes, v)
+            if t is None:
+                self.ests[k] = (math.inf, None)
+            else:
+                e = evaluate(t)
+                pad = max(padded(v, b) for b in blocks_of(s, self.axes).values()) / v
+                self.ests[k] = (e.seconds, program_features(t, e) + knob_features(s)
+                                + [math.log2(v), math.log2(pad)])
+        return self.ests[k]
+
+    def fitted(self) -> LearnedModel | None:
+        """The shared model, trained on every timing so far (None: too few yet)."""
+        pts = [(self.est(r, i, v), t) for r in self.ranges for i, m in r.done.items()
+               for v, t in m.seconds.items() if m.error is None]
+        pts = [(e, t) for e, t in pts if e[1] is not None]
+        if len(pts) < 8:
+            return None
+        model = LearnedModel()
+        model.fit([e[1] for e, _ in pts], [t for _, t in pts], [e[0] for e, _ in pts])
+        return model
+
+    def predicted_totals(self, r: _Range, todo: list[int], model) -> list[float]:
+        """Each candidate's predicted seconds summed over the range's samples (inf where its
+        knobs do not record at one of them); the model asked once for them all."""
+        es = {i: [self.est(r, i, v) for v in r.pts] for i in todo}
+        ok = [i for i in todo if all(e[1] is not None for e in es[i])]
+        got = {i: math.inf for i in todo}
+        if model is None:
+            got.update({i: sum(e[0] for e in es[i]) for i in ok})
+        elif ok:
+            pred = np.exp(model.predict([e[1] for i in ok for e in es[i]],
+                                        [e[0] for i in ok for e in es[i]]))
+            n = len(r.pts)
+            got.update({i: float(pred[j * n:(j + 1) * n].sum()) for j, i in enumerate(ok)})
+        return [got[i] for i in todo]
+
+    def picks(self, room: int, model) -> list[tuple[_Range, int]]:
+        """Per range (while `room` lasts), its unmeasured candidate predicted fastest."""
+        out = []
+        for r in self.ranges:
+            todo = [i for i in range(len(r.cands)) if i not in r.done]
+            if len(out) == room or not todo:
+                continue
+            if 0 in todo:  # the model's choice opens every range
+                out.append((r, 0))
+                continue
+            pred = self.predicted_totals(r, todo, model)
+            out.append((r, todo[int(np.argmin(pred))]))
+        return out
+
+    # -- measuring -----------------------------------------------------------------------
+    def measure(self, r: _Range, i: int) -> None:
+        s = r.cands[i]
+        got = Measured(r.hi, dict(s.knob_values))
+        try:
+            got.seconds, got.error = self._time(s, r.pts)
+        except BackendUnavailable:
+            raise
+        except TSLError as e:
+            got.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+        r.done[i] = got
+        self.result.trials += 1
+        self.result.failed += got.error is not None
+        self.result.measurements += len(got.seconds)
+        if self.db is None:
+            return
+        for v in r.pts if got.error is None else r.pts[:1]:
+            t = got.seconds.get(v)
+            self.db.add(make_record(self.key, {"knobs": got.knobs, "top": r.hi, "value": v},
+                                    t, "seconds", t, got.error))
+
+    def _time(self, s, pts) -> tuple[dict, str | None]:
+        """The kernel compiled from `s`, checked at pts[0], timed at each value."""
+        from ..dynamic.symbolic import blocks_of
+
+        art = self.backend.build_symbolic(s, blocks_of(s, self.axes))
+        op = self.fam.at(**{self.name: pts[0]})
+        xs = op.random_inputs(self.seed + 1)
+        ok, err = op.check(art.run(*xs), op.reference(*xs))
+        if not ok:
+            return {}, (f"wrong result at {self.name}={pts[0]}: error {err:.3g} against the "
+                        f"NumPy reference")
+        names = art.constants()
+        f = art.bind(**{t.name: x for t, x in zip(op.inputs, xs) if t.name in names})
+        frees = {v: [x for t, x in zip(at.inputs, at.random_inputs(self.seed))
+                     if t.name not in names]
+                 for v, at in ((v, self.fam.at(**{self.name: v})) for v in pts)}
+        with exclusive():  # the timing lock, when one is set (`tsl.timing`); not the compile
+            return {v: min(call_times(lambda: f(*xs), REPEAT, WARMUP))
+                    for v, xs in frees.items()}, None
+
+    def grow(self) -> None:
+        """Neighbours of each range's best, and its neighbouring ranges' bests, join it."""
+        from ..record import record
+
+        bests = [r.best() for r in self.ranges]
+        for n, r in enumerate(self.ranges):
+            if bests[n] is not None:
+                op = self.fam.at(**{self.name: r.hi})
+                for s in neighbours(r.cands[bests[n]], op, self.machine, self.fn):
+                    r.add(s)
+            for m in (n - 1, n + 1):
+                if 0 <= m < len(self.ranges) and bests[m] is not None:
+                    try:
+                        r.add(record(self.fam.at(**{self.name: r.hi}), self.machine, self.fn,
+                                     dict(self.ranges[m].cands[bests[m]].knob_values)))
+                    except ScheduleError:
+                        pass  # those knobs do not fit this range's top
+
+    def _resume(self) -> None:
+        """What the database measured for this family already (failed ones too)."""
+        from ..record import record
+
+        if self.db is None:
+            return
+        by_top = {r.hi: r for r in self.ranges}
+        for (top, _), m in measured(self.db, self.key).items():
+            r = by_top.get(top)
+            if r is None or (m.error is None and m.total(r.pts) is None):
+                continue  # another ladder's range, or cut short: measured again
+            try:
+                i = r.add(record(self.fam.at(**{self.name: top}), self.machine, self.fn,
+                                 m.knobs))
+            except ScheduleError:
+                continue
+            r.done[i] = m
+            self.result.trials += 1
+            self.result.resumed += 1
+
+    def finish(self, t0: float) -> FamilyResult:
+        res = self.result
+        for r in self.ranges:
+            b = r.best()
+            if b is None:
+                continue
+            res.knobs[r.hi] = dict(r.cands[b].knob_values)
+            res.seconds[r.hi] = r.done[b].total(r.pts)
+            res.samples[r.hi] = list(r.pts)
+            if 0 in r.done and r.done[0].total(r.pts) is not None:
+                res.default_seconds[r.hi] = r.done[0].total(r.pts)
+        if not res.knobs:
+            raise TSLError(f"tuning {self.fam} for {self.machine.name}: every candidate "
+                           f"measured failed ({res.trials})")
+        res.wall_seconds = time.perf_counter() - t0
+        return res
