@@ -97,3 +97,35 @@ def test_a_crop_is_a_view_only_when_its_elements_lead_the_buffer():
     assert not is_prefix((2, 24, 56, 56), (2, 32, 56, 56))  # the second image starts later
     assert not is_prefix((128, 1000), (128, 1008))  # every row is longer
     assert not is_prefix((1, 24, 56), (1, 24, 56, 56))  # a reshape, not a crop
+
+
+def test_onnx_clip_bounds_are_written_into_the_tail_and_the_model_matches(tmp_path):
+    """ONNX's Clip passes its bounds as 0-d tensors: the element-wise tail after the kernel
+    gets them as numbers (a 0-d load per element would keep it from vectorizing)."""
+    pytest.importorskip("onnx", reason="the ONNX frontend test needs the onnx package")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+    import onnx
+    import tvm
+    from tvm import relax, tirx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, C, 3, padding=1), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(C, C, 1), torch.nn.ReLU6()).eval()
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 3, 10, 10)).astype("float32")
+    path = tmp_path / "clipped.onnx"
+    with torch.no_grad():
+        torch.onnx.export(model, (torch.from_numpy(x),), str(path), dynamo=True)
+    mod = from_onnx(onnx.load(str(path)), keep_params_in_input=False)
+    swapped = _swapped(mod)
+    tails = [f for gv, f in swapped.functions.items() if isinstance(f, tirx.PrimFunc)
+             and f.attrs is not None and str(f.attrs.get("tsl.layout", "")) == "tail"]
+    for f in tails:
+        assert all(len(p.ty.shape) for p in f.params), f.script()
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    out = (out if hasattr(out, "numpy") else out[0]).numpy()
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-4

@@ -10,7 +10,9 @@ keeps the model's meaning by rewriting each call site
     k  = call_tir(fused_conv2d_add_relu_tsl, (x', w', b'))     # the tsl kernel, attrs tsl.*
     y  = crop / reshape (k)           (+ the element-wise tail TVM fused after the epilogue)
 
-so every other function and every other call goes through TVM's pipeline unchanged.
+so every other function and every other call goes through TVM's pipeline unchanged. Each call
+is rewritten on its own; `tsl.relax.layouts`, run next, plans the edges between kernels (the
+pad / crop functions added here are tagged `LAYOUT_ATTR` for it).
 """
 
 from __future__ import annotations
@@ -255,13 +257,18 @@ def _constant(expr):
     return None
 
 
-def _tail_te(m: matching.Match):
-    """A TE function: (kernel result, the tail's extra arguments) -> what TVM's fused function
-    computed after the absorbed epilogue, its blocks rebuilt one by one."""
+def _tail_te(m: matching.Match, scalars: dict):
+    """A TE function: (kernel result, the tail's run-time arguments) -> what TVM's fused
+    function computed after the absorbed epilogue, its blocks rebuilt one by one. `scalars`:
+    call argument index -> the value of a one-element constant (ONNX's Clip bounds), written
+    into the expressions: a load of a 0-d buffer per element keeps TVM from vectorizing."""
     def fn(R, *extra):
-        from tvm import te
+        from tvm import te, tirx
 
-        env = [(m.result_buffer, R)] + list(zip(m.tail_buffers, extra))
+        runtime = iter(extra)
+        env = [(m.result_buffer, R)] + [
+            (buf, next(runtime) if scalars.get(i) is None else tirx.const(scalars[i], buf.dtype))
+            for i, buf in zip(m.tail_params, m.tail_buffers)]
         for blk in m.tail:
             st = matching._store(blk)
             out = te.compute(tuple(int(d) for d in st.buffer.shape), _rebuild(st, list(env)),
@@ -271,11 +278,17 @@ def _tail_te(m: matching.Match):
     return fn
 
 
+def _scalar(expr):
+    """The value of a one-element Relax constant argument, else None."""
+    value = _constant(expr)
+    return value.reshape(()).item() if value is not None and value.size == 1 else None
+
+
 def _rebuild(store, env):
     """fcompute of a TE stage that computes `store`'s value, its loads read from `env`'s
     tensors: (buffer, te.Tensor) pairs."""
     import tvm_ffi
-    from tvm import tirx
+    from tvm import te, tirx
     from tvm.ir.expr import TensorLoad
 
     ivs = list(store.indices)
@@ -286,7 +299,8 @@ def _rebuild(store, env):
             return ax[i] if i >= 0 else v
 
         def on_load(ld):
-            return next(t for buf, t in env if buf.same_as(ld.source))(*ld.indices)
+            t = next(t for buf, t in env if buf.same_as(ld.source))
+            return t(*ld.indices) if isinstance(t, te.Tensor) else t  # a tensor or a constant
         return tvm_ffi.structural_map(store.value, [(tirx.Var, on_var), (TensorLoad, on_load)])
     return body
 
@@ -350,7 +364,9 @@ def _result(bb, m, art, y, args):
         y = bb.emit_te(_crop_te(out.shape, m.op.output.shape, m.result_shape, want), y,
                        primfunc_name_hint="tsl_crop", primfunc_attrs=_layout_attrs("crop"))
     if m.tail:
-        y = bb.emit_te(_tail_te(m), y, *[args[i] for i in m.tail_params],
+        scalars = {i: _scalar(args[i]) for i in m.tail_params}
+        y = bb.emit_te(_tail_te(m, scalars), y,
+                       *[args[i] for i in m.tail_params if scalars[i] is None],
                        primfunc_name_hint="tsl_tail", primfunc_attrs=_layout_attrs("tail"))
     return y
 
