@@ -9,7 +9,9 @@ batch norms folded into its convs first (`tsl.relax.imports`), and one pass adde
 operator fusion: every fused PrimFunc that computes a matmul / linear / batch matmul /
 conv2d (with the bias add, relu and requantize after it) is recognized from its blocks
 (`tsl.relax.match`), built with tsl's schedule for the target's machine (or the best record of
-a tuning database) and swapped in (`tsl.relax.swap`); everything else is TVM's.
+a tuning database) and swapped in (`tsl.relax.swap`); then the activations' layouts are planned
+across consecutive kernels (`tsl.relax.layouts`: no crop / pad copies between them); everything
+else is TVM's.
 
 For a machine whose back end runs a model's layers as calls of its own programs
 (`Backend.relax_offload`: VTA), `pipeline("vta")` partitions a quantized model instead
@@ -21,6 +23,7 @@ which layers go to the machine and why the rest stays on the CPU, and
 from __future__ import annotations
 
 from .imports import fold_batch_norm, import_passes
+from .layouts import layout_pass
 from .quantize import quantize
 from .swap import Decision, Report, swap_pass
 from .targets import machine_for, tvm_target
@@ -60,13 +63,13 @@ def pipeline(target, database=None, reports: list | None = None):
         return offload_pipeline(offload, reports=reports)
     tgt = tvm_target(target)
     before, after = _stages(tgt)
-    swap = swap_pass(target, database, reports)
+    swap = [swap_pass(target, database, reports), layout_pass()]
     vector = _vector_pass(target, tgt)
 
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.pipeline")
     def _pipeline(mod, _ctx):
         with tgt:
-            return tvm.transform.Sequential(before + [swap] + vector + after)(mod)
+            return tvm.transform.Sequential(before + swap + vector + after)(mod)
 
     return _pipeline
 
@@ -120,4 +123,4 @@ def report(mod, target, database=None) -> Report:
     return rep
 
 
-__all__ = ["pipeline", "report", "quantize", "run_vta", "swap_pass", "fold_batch_norm", "machine_for", "tvm_target", "Report", "Decision"]
+__all__ = ["pipeline", "report", "quantize", "run_vta", "swap_pass", "layout_pass", "fold_batch_norm", "machine_for", "tvm_target", "Report", "Decision"]

@@ -10,7 +10,9 @@ keeps the model's meaning by rewriting each call site
     k  = call_tir(fused_conv2d_add_relu_tsl, (x', w', b'))     # the tsl kernel, attrs tsl.*
     y  = crop / reshape (k)           (+ the element-wise tail TVM fused after the epilogue)
 
-so every other function and every other call goes through TVM's pipeline unchanged.
+so every other function and every other call goes through TVM's pipeline unchanged. Each call
+is rewritten on its own; `tsl.relax.layouts`, run next, plans the edges between kernels (the
+pad / crop functions added here are tagged `LAYOUT_ATTR` for it).
 """
 
 from __future__ import annotations
@@ -165,6 +167,14 @@ def kernel_func(art, name: str):
 
 
 # -- call-site rewriting ----------------------------------------------------------------------
+# The PrimFuncs the rewrite adds around a kernel carry `LAYOUT_ATTR`: "pad" (zero padding, the
+# elements in place), "pack" (padding into a blocked layout), "crop" or "tail"; a pad or pack
+# also names the kernel operand it feeds in `OPERAND_ATTR`. `tsl.relax.layouts` plans across
+# calls from these tags, and tests count them.
+LAYOUT_ATTR = "tsl.layout"
+OPERAND_ATTR = "tsl.operand"
+
+
 def _pack_te(shape, padded, layout: Blocked | None, dtype: str, name: str):
     """A TE function: X (any shape with prod(shape) elements) -> reshaped to `shape`, zero
     padded to `padded`, stored in `layout`, as `dtype`."""
@@ -172,28 +182,38 @@ def _pack_te(shape, padded, layout: Blocked | None, dtype: str, name: str):
         from tvm import te, tirx
 
         out_shape = layout.shape(padded) if layout is not None else padded
-        src_strides = _strides(tuple(int(d) for d in X.shape))
-        strides = _strides(shape)
+        src_shape = tuple(int(d) for d in X.shape)
 
         def body(*j):
-            if layout is None:
-                idx = list(j)
-            else:
-                idx = [0] * len(padded)
-                for pos, (d, part) in enumerate(layout.order):
-                    b = layout.blocks.get(d)
-                    if b is None:
-                        idx[d] = j[pos]
-                    elif part == "o":
-                        idx[d] = idx[d] + j[pos] * b
-                    else:
-                        idx[d] = idx[d] + j[pos]
-            flat = sum((i * s for i, s in zip(idx, strides)), tirx.const(0, "int64"))
-            src = _unflatten(flat, src_strides)
+            idx = list(j) if layout is None else _unblock(layout, len(padded), j)
             inside = tirx.all(*[i < n for i, n in zip(idx, shape)])
-            return tirx.if_then_else(inside, X[tuple(src)].astype(dtype), tirx.const(0, dtype))
+            # Clamped: a vectorized if_then_else may load before it selects.
+            at = [tirx.min(i, n - 1) for i, n in zip(idx, shape)]
+            return tirx.if_then_else(inside, X[tuple(_reindex(at, shape, src_shape))].astype(
+                dtype), tirx.const(0, dtype))
         return te.compute(out_shape, body, name=name)
     return fn
+
+
+def _unblock(layout: Blocked, rank: int, j) -> list:
+    """The logical index of stored index `j` of `layout`."""
+    idx = [0] * rank
+    for pos, (d, part) in enumerate(layout.order):
+        b = layout.blocks.get(d)
+        idx[d] = j[pos] if b is None else idx[d] + (j[pos] * b if part == "o" else j[pos])
+    return idx
+
+
+def _reindex(idx, shape, src_shape) -> list:
+    """Index `idx` of a tensor of `shape` as an index of the same elements stored in
+    `src_shape` (row-major): itself when the shapes agree, else through the flat offset (a
+    division per dimension, which TVM cannot vectorize: only reshapes pay it)."""
+    from tvm import tirx
+
+    if tuple(shape) == tuple(src_shape):
+        return list(idx)
+    flat = sum((i * s for i, s in zip(idx, _strides(shape))), tirx.const(0, "int64"))
+    return _unflatten(flat, _strides(src_shape))
 
 
 def _crop_te(padded, shape, out_shape, dtype):
@@ -202,12 +222,8 @@ def _crop_te(padded, shape, out_shape, dtype):
     def fn(Y):
         from tvm import te
 
-        strides, src = _strides(out_shape), _strides(shape)
-
-        def body(*j):
-            flat = sum(i * s for i, s in zip(j, strides))
-            return Y[tuple(_unflatten(flat, src))].astype(dtype)
-        return te.compute(out_shape, body, name="tsl_crop")
+        return te.compute(out_shape, lambda *j: Y[tuple(_reindex(j, out_shape, shape))].astype(
+            dtype), name="tsl_crop")
     return fn
 
 
@@ -241,13 +257,18 @@ def _constant(expr):
     return None
 
 
-def _tail_te(m: matching.Match):
-    """A TE function: (kernel result, the tail's extra arguments) -> what TVM's fused function
-    computed after the absorbed epilogue, its blocks rebuilt one by one."""
+def _tail_te(m: matching.Match, scalars: dict):
+    """A TE function: (kernel result, the tail's run-time arguments) -> what TVM's fused
+    function computed after the absorbed epilogue, its blocks rebuilt one by one. `scalars`:
+    call argument index -> the value of a one-element constant (ONNX's Clip bounds), written
+    into the expressions: a load of a 0-d buffer per element keeps TVM from vectorizing."""
     def fn(R, *extra):
-        from tvm import te
+        from tvm import te, tirx
 
-        env = [(m.result_buffer, R)] + list(zip(m.tail_buffers, extra))
+        runtime = iter(extra)
+        env = [(m.result_buffer, R)] + [
+            (buf, next(runtime) if scalars.get(i) is None else tirx.const(scalars[i], buf.dtype))
+            for i, buf in zip(m.tail_params, m.tail_buffers)]
         for blk in m.tail:
             st = matching._store(blk)
             out = te.compute(tuple(int(d) for d in st.buffer.shape), _rebuild(st, list(env)),
@@ -257,11 +278,17 @@ def _tail_te(m: matching.Match):
     return fn
 
 
+def _scalar(expr):
+    """The value of a one-element Relax constant argument, else None."""
+    value = _constant(expr)
+    return value.reshape(()).item() if value is not None and value.size == 1 else None
+
+
 def _rebuild(store, env):
     """fcompute of a TE stage that computes `store`'s value, its loads read from `env`'s
     tensors: (buffer, te.Tensor) pairs."""
     import tvm_ffi
-    from tvm import tirx
+    from tvm import te, tirx
     from tvm.ir.expr import TensorLoad
 
     ivs = list(store.indices)
@@ -272,14 +299,80 @@ def _rebuild(store, env):
             return ax[i] if i >= 0 else v
 
         def on_load(ld):
-            return next(t for buf, t in env if buf.same_as(ld.source))(*ld.indices)
+            t = next(t for buf, t in env if buf.same_as(ld.source))
+            return t(*ld.indices) if isinstance(t, te.Tensor) else t  # a tensor or a constant
         return tvm_ffi.structural_map(store.value, [(tirx.Var, on_var), (TensorLoad, on_load)])
     return body
 
 
-def rewrite(mod, plans: dict):
-    """`mod` with every call of a planned PrimFunc rewritten to its tsl kernel (see the module
-    docstring); the original PrimFuncs that are no longer called are dropped."""
+def _layout_attrs(kind: str, operand: str | None = None) -> dict:
+    attrs = {LAYOUT_ATTR: kind}
+    if operand is not None:
+        attrs[OPERAND_ATTR] = operand
+    return attrs
+
+
+def _feed_input(bb, m, art, i, t, tb, args):
+    """Kernel input `i` (operator tensor `t`, padded `tb`): a NumPy array when the argument is
+    a constant (padded here, packed by the caller), the argument itself when the kernel takes
+    it as it is, else a pack call."""
+    operand = m.operands[t.role]
+    lay = art.ctx.layouts.get(i)
+    # The dtype the kernel takes this input in (weights may be widened, like packing: see
+    # LowerContext.b_dtype).
+    dtype = art.ctx.b_dtype if art.ctx.b_dtype and t.role == "B" else tb.dtype
+    arg = args[operand.param]
+    value = _constant(arg)
+    if value is not None:
+        x = value.reshape(operand.shape).astype(np_dtype(dtype))
+        return np.pad(x, [(0, b - a) for a, b in zip(x.shape, tb.shape)])
+    if (lay is None and operand.shape == tb.shape and str(arg.ty.dtype) == dtype
+            and tuple(int(d) for d in arg.ty.shape) == tb.shape):
+        return arg
+    return bb.emit_te(_pack_te(operand.shape, tb.shape, lay, dtype, f"tsl_pack_{t.name}"), arg,
+                      primfunc_name_hint=f"tsl_pack_{t.name}",
+                      primfunc_attrs=_layout_attrs("pad" if lay is None else "pack", t.name))
+
+
+def _feed(bb, m, art, args) -> list:
+    """The kernel's arguments: its inputs fed (`_feed_input`), the unsigned-A compensation
+    when the machine needs one, constants packed in the kernel's layouts."""
+    from tvm import relax
+
+    big = art.ctx.op
+    fed = [_feed_input(bb, m, art, i, t, tb, args)
+           for i, (t, tb) in enumerate(zip(m.op.inputs, big.inputs))]
+    if art.ctx.unsigned_a:
+        b = fed[art.ctx.input_index("B")]
+        if not isinstance(b, np.ndarray):
+            raise matching.NoMatch("an unsigned-A machine needs constant weights")
+        fed.append(big.compensation(b))
+    for i, lay in art.ctx.layouts.items():
+        if isinstance(fed[i], np.ndarray):
+            fed[i] = lay.apply(fed[i])
+    return [relax.const(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+            for x in fed]
+
+
+def _result(bb, m, art, y, args):
+    """What TVM's function returned, from the kernel's output `y`: cropped / reshaped /
+    cast when the kernel writes more or another dtype, then the element-wise tail."""
+    out = art.ctx.op.output
+    kdtype = str(art.mod["main"].params[-1].ty.dtype)
+    want = str(m.result_buffer.dtype)
+    if out.shape != m.result_shape or kdtype != want:
+        y = bb.emit_te(_crop_te(out.shape, m.op.output.shape, m.result_shape, want), y,
+                       primfunc_name_hint="tsl_crop", primfunc_attrs=_layout_attrs("crop"))
+    if m.tail:
+        scalars = {i: _scalar(args[i]) for i in m.tail_params}
+        y = bb.emit_te(_tail_te(m, scalars), y,
+                       *[args[i] for i in m.tail_params if scalars[i] is None],
+                       primfunc_name_hint="tsl_tail", primfunc_attrs=_layout_attrs("tail"))
+    return y
+
+
+def _swapper(mod, plans: dict):
+    """A Relax mutator over `mod` that rewrites each call of a planned PrimFunc to its kernel."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -301,63 +394,38 @@ def rewrite(mod, plans: dict):
             call = self.visit_expr_post_order(call)
             if not (call.op.same_as(call_tir) and call.args[0].name_hint in plans):
                 return call
-            m, art = plans[call.args[0].name_hint]
-            return self.swap(call, m, art)
-
-        def swap(self, call, m, art):
-            bb = self.builder_
-            args = list(call.args[1].fields)
-            big = art.ctx.op
-            fed = []
-            for i, (t, tb) in enumerate(zip(m.op.inputs, big.inputs)):
-                operand = m.operands[t.role]
-                lay = art.ctx.layouts.get(i)
-                # The dtype the kernel takes this input in (weights may be widened, like
-                # packing: see LowerContext.b_dtype).
-                dtype = art.ctx.b_dtype if art.ctx.b_dtype and t.role == "B" else tb.dtype
-                value = _constant(args[operand.param])
-                if value is not None:
-                    x = value.reshape(operand.shape).astype(np_dtype(dtype))
-                    fed.append(np.pad(x, [(0, b - a) for a, b in zip(x.shape, tb.shape)]))
-                elif lay is None and operand.shape == tb.shape and tuple(
-                        int(d) for d in args[operand.param].ty.shape) == tb.shape and str(
-                        args[operand.param].ty.dtype) == dtype:
-                    fed.append(args[operand.param])
-                else:
-                    fed.append(bb.emit_te(_pack_te(operand.shape, tb.shape, lay, dtype,
-                                                   f"tsl_pack_{t.name}"), args[operand.param]))
-            if art.ctx.unsigned_a:
-                b = fed[art.ctx.input_index("B")]
-                if not isinstance(b, np.ndarray):
-                    raise matching.NoMatch("an unsigned-A machine needs constant weights")
-                fed.append(big.compensation(b))
-            for i, lay in art.ctx.layouts.items():
-                if isinstance(fed[i], np.ndarray):
-                    fed[i] = lay.apply(fed[i])
-            fed = [relax.const(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
-                   for x in fed]
-            out = big.output
+            name = call.args[0].name_hint
+            m, art = plans[name]
             # What the kernel writes (an epilogue of no steps keeps the accumulator dtype).
+            args = list(call.args[1].fields)
             kdtype = str(art.mod["main"].params[-1].ty.dtype)
-            want = str(m.result_buffer.dtype)
-            y = bb.emit(relax.call_tir(self.kernel(call.args[0].name_hint, art), fed,
-                                       relax.TensorType(out.shape, kdtype)))
-            if out.shape != m.result_shape or kdtype != want:
-                y = bb.emit_te(_crop_te(out.shape, m.op.output.shape, m.result_shape, want), y)
-            if m.tail:
-                y = bb.emit_te(_tail_te(m), y, *[args[i] for i in m.tail_params])
-            return y
+            y = self.builder_.emit(relax.call_tir(
+                self.kernel(name, art), _feed(self.builder_, m, art, args),
+                relax.TensorType(art.ctx.op.output.shape, kdtype)))
+            return _result(self.builder_, m, art, y, args)
 
-    sw = Swapper(mod)
+    return Swapper(mod)
+
+
+def rewrite(mod, plans: dict):
+    """`mod` with every call of a planned PrimFunc rewritten to its tsl kernel (see the module
+    docstring); the original PrimFuncs that are no longer called are dropped."""
+    from tvm import relax
+
+    sw = _swapper(mod, plans)
     for gv, f in mod.functions.items():
         if isinstance(f, relax.Function):
             sw.builder_.update_func(gv, sw.visit_expr(f))
-    out = sw.builder_.get()
-    still = _callers(out)
-    for gv in list(out.functions.keys()):
-        if gv.name_hint in plans and gv.name_hint not in still:
-            out = _without(out, gv)
-    return out
+    return drop_uncalled(sw.builder_.get(), set(plans))
+
+
+def drop_uncalled(mod, names):
+    """`mod` without the PrimFuncs of `names` that no call site reaches any more."""
+    still = _callers(mod)
+    for gv in list(mod.functions.keys()):
+        if gv.name_hint in names and gv.name_hint not in still:
+            mod = _without(mod, gv)
+    return mod
 
 
 def _without(mod, gv):
