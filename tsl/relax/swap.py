@@ -24,6 +24,7 @@ from ..errors import TSLError
 from ..ops.operator import np_dtype
 from ..primitives.layout import Blocked
 from . import match as matching
+from . import symbolic
 from .targets import machine_for
 
 
@@ -109,12 +110,15 @@ def _callers(mod) -> dict:
     return counts
 
 
-def plan(mod, machine, database=None) -> tuple[dict, Report]:
-    """For each PrimFunc called from Relax: (Match, Artifact) when tsl takes it, and the
-    report. Functions without a reduction are not mentioned (they are not tsl's business)."""
+def plan(mod, machine, database=None, upper_bounds=None) -> tuple[dict, Report]:
+    """For each PrimFunc called from Relax: (Match, Artifact) when tsl takes it (a
+    `symbolic.Plan` for a function with a symbolic dim, bounded by `upper_bounds` or the
+    model's annotations), and the report. Functions without a reduction are not mentioned
+    (they are not tsl's business)."""
     from tvm import tirx
 
     counts = _callers(mod)
+    bounds = symbolic.upper_bounds(mod, upper_bounds)
     report, plans = Report(machine.name), {}
     for gv, f in mod.functions.items():
         name = gv.name_hint
@@ -123,6 +127,11 @@ def plan(mod, machine, database=None) -> tuple[dict, Report]:
         if not any(iv.iter_type != 0 for b in matching.blocks(f) for iv in b.iter_vars):
             continue
         d = Decision(name, counts[name], False)
+        if symbolic.symbols(f):
+            p = symbolic.decide(f, machine, bounds, database, d, report)
+            if p is not None:
+                plans[name], d.schedule = p, _schedule_name(p.sm.family)
+            continue
         try:
             m = matching.match(f)
         except matching.NotGemm:
@@ -172,7 +181,7 @@ def _pack_te(shape, padded, layout: Blocked | None, dtype: str, name: str):
         from tvm import te, tirx
 
         out_shape = layout.shape(padded) if layout is not None else padded
-        src_strides = _strides(tuple(int(d) for d in X.shape))
+        src_strides = _strides(tuple(X.shape))
         strides = _strides(shape)
 
         def body(*j):
@@ -211,11 +220,12 @@ def _crop_te(padded, shape, out_shape, dtype):
     return fn
 
 
-def _strides(shape) -> list[int]:
+def _strides(shape) -> list:
+    """Row-major strides: ints, or PrimExprs where a dim is symbolic."""
     out, acc = [], 1
     for d in reversed(shape):
         out.append(acc)
-        acc *= int(d)
+        acc = acc * (int(d) if hasattr(d, "value") or isinstance(d, int) else d)
     return out[::-1]
 
 
@@ -285,6 +295,7 @@ def rewrite(mod, plans: dict):
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
+    mod = symbolic.add_dispatch(mod, plans, kernel_func)
 
     @mutator
     class Swapper(PyExprMutator):
@@ -301,8 +312,10 @@ def rewrite(mod, plans: dict):
             call = self.visit_expr_post_order(call)
             if not (call.op.same_as(call_tir) and call.args[0].name_hint in plans):
                 return call
-            m, art = plans[call.args[0].name_hint]
-            return self.swap(call, m, art)
+            p = plans[call.args[0].name_hint]
+            if isinstance(p, symbolic.Plan):
+                return p.call(call)
+            return self.swap(call, *p)
 
         def swap(self, call, m, art):
             bb = self.builder_
@@ -367,16 +380,17 @@ def _without(mod, gv):
     return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
-def swap_pass(target, database=None, reports: list | None = None):
+def swap_pass(target, database=None, reports: list | None = None, upper_bounds=None):
     """The Relax module pass: run it after TVM's operator fusion (FuseTIR). `reports`, when
-    given, receives the `Report` of each run."""
+    given, receives the `Report` of each run; `upper_bounds` (symbol name -> int) bounds the
+    symbolic dims the model's annotations leave unbounded."""
     import tvm
 
     machine = machine_for(target)
 
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.Swap")
     def _swap(mod, _ctx):
-        plans, report = plan(mod, machine, database)
+        plans, report = plan(mod, machine, database, upper_bounds)
         if reports is not None:
             reports.append(report)
         return rewrite(mod, plans) if plans else mod
