@@ -197,8 +197,11 @@ def _pack_te(shape, padded, layout: Blocked | None, dtype: str, name: str):
                         idx[d] = idx[d] + j[pos] * b
                     else:
                         idx[d] = idx[d] + j[pos]
-            flat = sum((i * s for i, s in zip(idx, strides)), tirx.const(0, "int64"))
-            src = _unflatten(flat, src_strides)
+            if _same_dims(X.shape, shape):  # no reshape: no index arithmetic per element
+                src = idx
+            else:
+                flat = sum((i * s for i, s in zip(idx, strides)), tirx.const(0, "int64"))
+                src = _unflatten(flat, src_strides)
             inside = tirx.all(*[i < n for i, n in zip(idx, shape)])
             return tirx.if_then_else(inside, X[tuple(src)].astype(dtype), tirx.const(0, dtype))
         return te.compute(out_shape, body, name=name)
@@ -214,10 +217,21 @@ def _crop_te(padded, shape, out_shape, dtype):
         strides, src = _strides(out_shape), _strides(shape)
 
         def body(*j):
+            if _same_dims(shape, out_shape):
+                return Y[j].astype(dtype)
             flat = sum(i * s for i, s in zip(j, strides))
             return Y[tuple(_unflatten(flat, src))].astype(dtype)
         return te.compute(out_shape, body, name="tsl_crop")
     return fn
+
+
+def _same_dims(a, b) -> bool:
+    """Whether two shapes (ints or PrimExprs) are provably the same: a reshape between them is
+    the identity (with a symbolic dim TVM cannot simplify the flattened index away)."""
+    from tvm import sym
+
+    an = sym.Analyzer()
+    return len(a) == len(b) and all(an.can_prove_equal(x, y) for x, y in zip(a, b))
 
 
 def _strides(shape) -> list:

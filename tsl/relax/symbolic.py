@@ -174,8 +174,29 @@ def _build(fam, machine, database):
 
     key = (str(fam), repr(fam.dims.get("epilogue")), machine.name, id(database))
     if key not in _BUILDS:
-        _BUILDS[key] = build(fam, machine, knobs=database)
+        knobs = database if database is not None else _static_tops(fam, machine)
+        _BUILDS[key] = build(fam, machine, knobs=knobs)
     return _BUILDS[key]
+
+
+def _static_tops(fam, machine) -> dict | None:
+    """Knobs per range top: each run-time-rows kernel is the static build's choice at the top of
+    its range. The ranges' own choice (the least model time over samples of the range) picked
+    32-row blocks for BERT's dense layers at seq 128 where the static build takes 128, and
+    measured 1.3-1.6x slower there (Intel host); the top's knobs only pad a value up to the
+    top's block. None (the model's choice per range) for families without run-time rows."""
+    from ..dynamic import SYMBOLIC_TOP
+    from ..dynamic.plan import ladder
+    from ..record import record
+
+    sym = next(iter(fam.syms.values()))
+    tops = ladder(min(sym.upper, SYMBOLIC_TOP), 1, True, ratio=2)
+    tops[-1] = sym.upper
+    try:
+        return {v: dict(record(fam.at(**{sym.name: v}), machine, None).knob_values)
+                for v in tops}
+    except TSLError:
+        return None
 
 
 def plan_one(func, machine, bounds: dict[str, int], database=None) -> Plan:
@@ -207,18 +228,11 @@ def _with(shape: tuple, v) -> tuple:
     return tuple(v if d is None else d for d in shape)
 
 
-def _same_shape(a: tuple, b: tuple) -> bool:
-    from tvm import sym
-
-    an = sym.Analyzer()
-    return len(a) == len(b) and all(an.can_prove_equal(x, y) for x, y in zip(a, b))
-
-
 def _branch(bb, plan: Plan, kn: int, params, consts: dict, v):
     """Emit kernel `kn`'s call at value `v` on the dispatch function's `params`; its result."""
     from tvm import relax, tirx
 
-    from .swap import _crop_te, _pack_te
+    from .swap import _crop_te, _pack_te, _same_dims
 
     sm, kernel = plan.sm, plan.art.kernels[kn]
     art = kernel.artifact
@@ -234,7 +248,7 @@ def _branch(bb, plan: Plan, kn: int, params, consts: dict, v):
             continue
         want = _kernel_shape(art, tb.shape, in_dims[i], v)
         x = params[param]
-        if lay is None and _same_shape(tuple(x.ty.shape), want) and str(x.ty.dtype) == dtype:
+        if lay is None and _same_dims(tuple(x.ty.shape), want) and str(x.ty.dtype) == dtype:
             fed.append(x)
         else:
             fed.append(_emit_te(bb, lambda n, shape=shape, tb=tb, i=i, lay=lay, dtype=dtype,
@@ -249,7 +263,7 @@ def _branch(bb, plan: Plan, kn: int, params, consts: dict, v):
     y = bb.emit(relax.call_tir(plan.kernels[kn], fed + scalars,
                                relax.TensorType(out_shape, kdtype)))
     want, res = str(sm.match.result_buffer.dtype), _with(sm.result_shape, v)
-    if not _same_shape(out_shape, res) or kdtype != want:
+    if not _same_dims(out_shape, res) or kdtype != want:
         y = _emit_te(bb, lambda n: _crop_te(None, _with(sm.out_shape, n),
                                             _with(sm.result_shape, n), want), y, v)
     return y
