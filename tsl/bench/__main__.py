@@ -170,7 +170,9 @@ def parser() -> argparse.ArgumentParser:
                     "(resnet18, mobilenet_v2, encoder); 'none' skips them")
     ap.add_argument("--dynamic", action="store_true", help="shape-generic builds (one build "
                     "of an operator family with a symbolic dim) against a static build per "
-                    "value, with PyTorch/NumPy timed alone (--quick: 4 values, no peers)")
+                    "value, with PyTorch/NumPy timed alone, then a BERT-base encoder layer "
+                    "with a symbolic sequence length compiled once (--quick: 4 values, no "
+                    "peers, a smaller encoder)")
     return ap
 
 
@@ -180,7 +182,10 @@ def main(argv=None) -> int:
     if args.dynamic:
         from .dynamic import main as dynamic_main
 
+        from .dynamic_models import main as dynamic_models_main
+
         dynamic_main(args.quick, peers=not args.quick)
+        dynamic_models_main(args.quick)  # the encoder with a symbolic sequence length
         return 0
     if args.realtime:
         timing.request()

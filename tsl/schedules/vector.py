@@ -55,13 +55,29 @@ def injective(func, facts: VectorFacts):
     loops = sch.get_loops(blocks[0])
     if not loops:
         return None
-    fused = sch.fuse(*loops)
     bits = dtype_bits(sch.get(blocks[0]).writes[0].source.dtype)
     lanes = facts.lanes(bits)
+    if _symbolic_outer(sch, loops, lanes):
+        # A symbolic extent (a sequence length): fusing it into the whole nest makes every
+        # vector a div/mod and a tail check (a 128 x 2304 transpose: 0.85 ms against 0.08 ms
+        # static); the static innermost loop stays whole, in vectors, the others run parallel.
+        sch.parallel(sch.fuse(*loops[:-1]))
+        sch.vectorize(sch.split(loops[-1], factors=[None, lanes])[1])
+        return sch
+    fused = sch.fuse(*loops)
     outer, inner = sch.split(fused, factors=[None, lanes])
     sch.parallel(outer)
     sch.vectorize(inner)
     return sch
+
+
+def _symbolic_outer(sch, loops, lanes: int) -> bool:
+    """Some loop has a symbolic extent and the innermost one a static multiple of `lanes`."""
+    from tvm import tirx
+
+    ext = [sch.get(lp).extent for lp in loops]
+    return (len(loops) > 1 and any(not isinstance(e, tirx.IntImm) for e in ext)
+            and isinstance(ext[-1], tirx.IntImm) and int(ext[-1]) % lanes == 0)
 
 
 def rowwise(func, facts: VectorFacts):
