@@ -309,7 +309,8 @@ def rewrite(mod, plans: dict):
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
-    mod = symbolic.add_dispatch(mod, plans, kernel_func)
+    mod = symbolic.add_dispatch(mod, plans, symbolic.Glue(kernel_func, _pack_te, _crop_te,
+                                                          _same_dims, _constant))
 
     @mutator
     class Swapper(PyExprMutator):

@@ -152,6 +152,8 @@ class Plan:
     sm: SymMatch
     art: object  # tsl.dynamic.DynamicArtifact
     sites: list = field(default_factory=list)  # (call, dispatch GlobalVar, call args)
+    kernels: list = field(default_factory=list)  # the kernels' GlobalVars (add_dispatch)
+    glue: object = None  # the swap pass's Glue (add_dispatch)
 
     def knobs(self) -> dict:
         return {f"{self.sm.var.name}<={self.art.kernels[r.kernel].value}":
@@ -232,7 +234,7 @@ def _branch(bb, plan: Plan, kn: int, params, consts: dict, v):
     """Emit kernel `kn`'s call at value `v` on the dispatch function's `params`; its result."""
     from tvm import relax, tirx
 
-    from .swap import _crop_te, _pack_te, _same_dims
+    g = plan.glue
 
     sm, kernel = plan.sm, plan.art.kernels[kn]
     art = kernel.artifact
@@ -248,11 +250,11 @@ def _branch(bb, plan: Plan, kn: int, params, consts: dict, v):
             continue
         want = _kernel_shape(art, tb.shape, in_dims[i], v)
         x = params[param]
-        if lay is None and _same_dims(tuple(x.ty.shape), want) and str(x.ty.dtype) == dtype:
+        if lay is None and g.same(tuple(x.ty.shape), want) and str(x.ty.dtype) == dtype:
             fed.append(x)
         else:
             fed.append(_emit_te(bb, lambda n, shape=shape, tb=tb, i=i, lay=lay, dtype=dtype,
-                                tname=t.name: _pack_te(
+                                tname=t.name: g.pack(
                                     _with(shape, n), _kernel_shape(art, tb.shape, in_dims[i], n),
                                     lay, dtype, f"tsl_pack_{tname}"), x, v))
     out_shape = _kernel_shape(art, big.output.shape, getattr(art, "out_dims", {}), v)
@@ -263,8 +265,8 @@ def _branch(bb, plan: Plan, kn: int, params, consts: dict, v):
     y = bb.emit(relax.call_tir(plan.kernels[kn], fed + scalars,
                                relax.TensorType(out_shape, kdtype)))
     want, res = str(sm.match.result_buffer.dtype), _with(sm.result_shape, v)
-    if not _same_dims(out_shape, res) or kdtype != want:
-        y = _emit_te(bb, lambda n: _crop_te(None, _with(sm.out_shape, n),
+    if not g.same(out_shape, res) or kdtype != want:
+        y = _emit_te(bb, lambda n: g.crop(None, _with(sm.out_shape, n),
                                             _with(sm.result_shape, n), want), y, v)
     return y
 
@@ -296,12 +298,11 @@ def _dispatch(bb, plan: Plan, call, name: str):
     storage across branches that the taken branch never allocated (a crash at run time)."""
     from tvm import relax, tirx
 
-    from .swap import _constant
 
     args = list(call.args[1].fields)
     consts = {"packed": {}}
     for i, a in enumerate(args):
-        c = _constant(a)
+        c = plan.glue.constant(a)
         if c is not None:
             consts[i] = c
     sm = plan.sm
@@ -366,9 +367,23 @@ def _scalars_first(f):
     return tirx.PrimFunc(ps[:-n - 1] + ps[-n:] + [ps[-n - 1]], f.body, f.ret_type, f.attrs)
 
 
-def add_dispatch(mod, plans: dict, kernel_func):
+@dataclass(frozen=True)
+class Glue:
+    """What the swap pass lends the dispatch functions (passed in: swap imports this module):
+    `kernel(art, name)` the kernel as the module takes it, `pack` / `crop` the TE functions
+    around a kernel, `same(shape, shape)` whether two shapes are provably equal, `constant(expr)`
+    a constant argument's NumPy value (None when computed at run time)."""
+
+    kernel: object
+    pack: object
+    crop: object
+    same: object
+    constant: object
+
+
+def add_dispatch(mod, plans: dict, glue: Glue):
     """`mod` with the kernels of every symbolic Plan in `plans` and one dispatch function per
-    call site (`Plan.sites`); `kernel_func(art, name)`: the kernel as the module takes it."""
+    call site (`Plan.sites`)."""
     import tvm
     import tvm_ffi
     from tvm import relax
@@ -379,7 +394,8 @@ def add_dispatch(mod, plans: dict, kernel_func):
         return mod
     bb = relax.BlockBuilder(mod)
     for name, p in sym.items():
-        p.kernels = [bb.add_func(_scalars_first(kernel_func(k.artifact, name)),
+        p.glue = glue
+        p.kernels = [bb.add_func(_scalars_first(glue.kernel(k.artifact, name)),
                                  f"{name}_tsl{n}") for n, k in enumerate(p.art.kernels)]
     calls = []
 
