@@ -307,11 +307,13 @@ def _dispatch(bb, plan: Plan, call, name: str):
             consts[i] = c
     sm = plan.sm
     v = tirx.Var(str(sm.var.name), str(sm.var.ty))
-    kernels = {}
+    kernels, upper = {}, sm.family.syms[str(v.name)].upper
     for r in plan.art.table.ranges:
         if r.kernel not in kernels:
             params = _params(sm, args, consts, v)
-            with bb.function(f"{name}_k{r.kernel}", list(params.values()), private=True):
+            # The bound lets TVM plan the kernel's buffers once (no allocation per call).
+            with bb.function(f"{name}_k{r.kernel}", list(params.values()), private=True,
+                             attrs={"tir_var_upper_bound": {str(v.name): upper}}):
                 kernels[r.kernel] = bb.emit_func_output(
                     _branch(bb, plan, r.kernel, params, consts, v))
     params = _params(sm, args, consts, v)

@@ -37,7 +37,7 @@ class VectorFacts:
 def injective(func, facts: VectorFacts):
     """Schedule an all-spatial PrimFunc: inline the producers, fuse the loops, parallel outer,
     vectorize inner. Returns the schedule, or None when `func` is not injective (reduction axes)."""
-    from tvm import s_tir
+    from tvm import s_tir, tirx
 
     sch = s_tir.Schedule(func)
     blocks = root_blocks(sch)
@@ -63,6 +63,11 @@ def injective(func, facts: VectorFacts):
         # static); the static innermost loop stays whole, in vectors, the others run parallel.
         sch.parallel(sch.fuse(*loops[:-1]))
         sch.vectorize(sch.split(loops[-1], factors=[None, lanes])[1])
+        return sch
+    if len(loops) > 1 and not isinstance(sch.get(loops[-1]).extent, tirx.IntImm):
+        # A symbolic innermost loop (a transpose into [.., seq]): the others run parallel, it
+        # stays one loop (a split by lanes would add a tail check per vector).
+        sch.parallel(sch.fuse(*loops[:-1]))
         return sch
     fused = sch.fuse(*loops)
     outer, inner = sch.split(fused, factors=[None, lanes])
