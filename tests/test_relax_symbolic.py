@@ -68,3 +68,31 @@ def test_a_bad_bound_is_an_input_error():
     mod = _imported(_encoder(), None)
     with pytest.raises(InputError, match="positive integer"):
         tsl.relax.report(mod, "cpu", upper_bounds={_symbol(mod): 0})
+
+
+def test_onnx_dynamic_axis_takes_its_bound_from_upper_bounds(tmp_path):
+    """ONNX keeps a dynamic axis's name ("seq") but no bound: the option names it, and with
+    `upper_bounds={"seq": ...}` the model compiles once and matches PyTorch."""
+    pytest.importorskip("onnx", reason="the ONNX frontend test needs the onnx package")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+    import onnx
+    import tvm
+    import tvm.relax.frontend.onnx as frontend
+    from tvm import relax
+
+    model, path = _encoder(), tmp_path / "encoder.onnx"
+    torch.onnx.export(model, (torch.randn(1, 5, 64),), str(path), dynamo=True,
+                      input_names=["src"],
+                      dynamic_shapes={"src": {1: torch.export.Dim("seq", max=UPPER)}})
+    mod = frontend.from_onnx(onnx.load(str(path)), keep_params_in_input=False)
+    with pytest.raises(InputError, match=r"upper_bounds=\{'seq'"):
+        tsl.relax.report(mod, "cpu")
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu", upper_bounds={"seq": UPPER}))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for s in (1, 5, UPPER):
+        x = np.random.default_rng(s).standard_normal((1, s, 64)).astype("float32")
+        y = vm["main"](tvm.runtime.tensor(x))
+        y = (y if hasattr(y, "numpy") else y[0]).numpy()
+        np.testing.assert_allclose(y, model(torch.from_numpy(x)).detach().numpy(),
+                                   atol=1e-4, rtol=1e-4)
