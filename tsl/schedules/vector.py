@@ -104,8 +104,11 @@ def rowwise(func, facts: VectorFacts):
         rows = _row_loops(kinds, len(loops))
         lanes = facts.lanes(dtype_bits(sch.get(b).writes[0].source.dtype))
         if len(loops) > 1 and all(k == 0 for k in kinds):
-            _, inner = sch.split(loops[-1], factors=[None, lanes])
-            sch.vectorize(inner)
+            # A symbolic row (softmax over a sequence) stays one loop: split by lanes it is a
+            # tail check per vector.
+            if hasattr(sch.get(loops[-1]).extent, "value"):
+                _, inner = sch.split(loops[-1], factors=[None, lanes])
+                sch.vectorize(inner)
             _parallel_rows(sch, b, rows)
         elif not _vector_reduce(sch, b, lanes, rows):
             _parallel_rows(sch, b, rows)
