@@ -170,9 +170,11 @@ def parser() -> argparse.ArgumentParser:
                     "(resnet18, mobilenet_v2, encoder); 'none' skips them")
     ap.add_argument("--dynamic", action="store_true", help="shape-generic builds (one build "
                     "of an operator family with a symbolic dim) against a static build per "
-                    "value, with PyTorch/NumPy timed alone (--quick: 4 values, no peers); "
-                    "with --tune N, each family tuned with 2 x N trials against a static "
-                    "N-trial tune per value (--quick: dense 768->3072 only)")
+                    "value, with PyTorch/NumPy timed alone, then a BERT-base encoder layer "
+                    "with a symbolic sequence length compiled once (--quick: 4 values, no "
+                    "peers, a smaller encoder); with --tune N, each family tuned with 2 x N "
+                    "trials against a static N-trial tune per value (--quick: dense "
+                    "768->3072 only)")
     ap.add_argument("--values", help="with --dynamic --tune: the values, comma-separated "
                     "(default: the issue's twelve; --quick: 1,31,100,333)")
     return ap
@@ -190,7 +192,10 @@ def main(argv=None) -> int:
             tuned(args.tune, args.quick, [int(v) for v in args.values.split(",")]
                   if args.values else None)
         else:
+            from .dynamic_models import main as dynamic_models_main
+
             dynamic_main(args.quick, peers=not args.quick)
+            dynamic_models_main(args.quick)  # the encoder with a symbolic sequence length
         return 0
     if args.realtime:
         timing.request()

@@ -47,13 +47,17 @@ def _stages(tvm_tgt):
             legal[fuse_end:] + be.dataflow_lower_passes(tvm_tgt) + be.finalize_passes(tvm_tgt))
 
 
-def pipeline(target, database=None, reports: list | None = None):
+def pipeline(target, database=None, reports: list | None = None,
+             upper_bounds: dict | None = None):
     """TVM's default Relax pipeline for `target` with tsl's kernels swapped in after fusion.
 
     `target`: a TVM Target (or its JSON dict / kind string) or a tsl target name ("cpu",
     "tensorcore-sm90"). `database`: a `tsl.tune.Database` (its best record per operator) or a
     dict of knob values, passed to `tsl.build(..., knobs=database)`. `reports`: a list that
-    receives the `Report` of each run."""
+    receives the `Report` of each run. `upper_bounds`: symbol name -> the largest value of a
+    symbolic dim (`{"seq": 512}`) the model's own annotations (`tir_var_upper_bound`, which
+    `torch.export` writes for `Dim(..., max=N)`) do not bound: a function with a symbolic dim
+    becomes micro-kernels dispatched on its run-time value (`tsl.relax.symbolic`)."""
     import tvm
 
     offload = _offload(target)
@@ -63,7 +67,7 @@ def pipeline(target, database=None, reports: list | None = None):
         return offload_pipeline(offload, reports=reports)
     tgt = tvm_target(target)
     before, after = _stages(tgt)
-    swap = [swap_pass(target, database, reports), layout_pass()]
+    swap = [swap_pass(target, database, reports, upper_bounds), layout_pass()]
     vector = _vector_pass(target, tgt)
 
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.pipeline")
@@ -98,7 +102,7 @@ def _vector_pass(target, tgt) -> list:
     return [schedule_rest(get_backend(machine.backend).vector_facts(machine))]
 
 
-def report(mod, target, database=None) -> Report:
+def report(mod, target, database=None, upper_bounds: dict | None = None) -> Report:
     """Which calls of `mod` tsl takes (operator, schedule, knobs) and which it leaves to TVM and
     why, for `target`, and for every other function the rule that schedules it (`rest`: a tsl
     vector rule on CPUs, a dlight GPU rule on Tensor Core targets; UNSCHEDULED when none): TVM's legalization and fusion are run on a copy, then the bridge's
@@ -117,7 +121,7 @@ def report(mod, target, database=None) -> Report:
     before, _ = _stages(tgt)
     with tgt:
         fused = tvm.transform.Sequential(before)(mod)
-    rep = plan(fused, machine_for(target), database)[1]
+    rep = plan(fused, machine_for(target), database, upper_bounds)[1]
     taken = {d.function for d in rep.taken}
     rep.rest = {n: r for n, r in rest_schedules(mod, target).items() if n not in taken}
     return rep

@@ -26,6 +26,7 @@ from ..errors import TSLError
 from ..ops.operator import np_dtype
 from ..primitives.layout import Blocked
 from . import match as matching
+from . import symbolic
 from .targets import machine_for
 
 
@@ -111,12 +112,15 @@ def _callers(mod) -> dict:
     return counts
 
 
-def plan(mod, machine, database=None) -> tuple[dict, Report]:
-    """For each PrimFunc called from Relax: (Match, Artifact) when tsl takes it, and the
-    report. Functions without a reduction are not mentioned (they are not tsl's business)."""
+def plan(mod, machine, database=None, upper_bounds=None) -> tuple[dict, Report]:
+    """For each PrimFunc called from Relax: (Match, Artifact) when tsl takes it (a
+    `symbolic.Plan` for a function with a symbolic dim, bounded by `upper_bounds` or the
+    model's annotations), and the report. Functions without a reduction are not mentioned
+    (they are not tsl's business)."""
     from tvm import tirx
 
     counts = _callers(mod)
+    bounds = symbolic.upper_bounds(mod, upper_bounds)
     report, plans = Report(machine.name), {}
     for gv, f in mod.functions.items():
         name = gv.name_hint
@@ -125,6 +129,11 @@ def plan(mod, machine, database=None) -> tuple[dict, Report]:
         if not any(iv.iter_type != 0 for b in matching.blocks(f) for iv in b.iter_vars):
             continue
         d = Decision(name, counts[name], False)
+        if symbolic.symbols(f):
+            p = symbolic.decide(f, machine, bounds, database, d, report)
+            if p is not None:
+                plans[name], d.schedule = p, _schedule_name(p.sm.family)
+            continue
         try:
             m = matching.match(f)
         except matching.NotGemm:
@@ -182,7 +191,7 @@ def _pack_te(shape, padded, layout: Blocked | None, dtype: str, name: str):
         from tvm import te, tirx
 
         out_shape = layout.shape(padded) if layout is not None else padded
-        src_shape = tuple(int(d) for d in X.shape)
+        src_shape = tuple(X.shape)
 
         def body(*j):
             idx = list(j) if layout is None else _unblock(layout, len(padded), j)
@@ -210,7 +219,7 @@ def _reindex(idx, shape, src_shape) -> list:
     division per dimension, which TVM cannot vectorize: only reshapes pay it)."""
     from tvm import tirx
 
-    if tuple(shape) == tuple(src_shape):
+    if _same_dims(shape, src_shape):
         return list(idx)
     flat = sum((i * s for i, s in zip(idx, _strides(shape))), tirx.const(0, "int64"))
     return _unflatten(flat, _strides(src_shape))
@@ -227,11 +236,21 @@ def _crop_te(padded, shape, out_shape, dtype):
     return fn
 
 
-def _strides(shape) -> list[int]:
+def _same_dims(a, b) -> bool:
+    """Whether two shapes (ints or PrimExprs) are provably the same: a reshape between them is
+    the identity (with a symbolic dim TVM cannot simplify the flattened index away)."""
+    from tvm import sym
+
+    an = sym.Analyzer()
+    return len(a) == len(b) and all(an.can_prove_equal(x, y) for x, y in zip(a, b))
+
+
+def _strides(shape) -> list:
+    """Row-major strides: ints, or PrimExprs where a dim is symbolic."""
     out, acc = [], 1
     for d in reversed(shape):
         out.append(acc)
-        acc *= int(d)
+        acc = acc * (int(d) if hasattr(d, "value") or isinstance(d, int) else d)
     return out[::-1]
 
 
@@ -378,6 +397,8 @@ def _swapper(mod, plans: dict):
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
+    mod = symbolic.add_dispatch(mod, plans, symbolic.Glue(kernel_func, _pack_te, _crop_te,
+                                                          _same_dims, _constant))
 
     @mutator
     class Swapper(PyExprMutator):
@@ -395,6 +416,8 @@ def _swapper(mod, plans: dict):
             if not (call.op.same_as(call_tir) and call.args[0].name_hint in plans):
                 return call
             name = call.args[0].name_hint
+            if isinstance(plans[name], symbolic.Plan):
+                return plans[name].call(call)
             m, art = plans[name]
             # What the kernel writes (an epilogue of no steps keeps the accumulator dtype).
             args = list(call.args[1].fields)
@@ -435,16 +458,17 @@ def _without(mod, gv):
     return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
-def swap_pass(target, database=None, reports: list | None = None):
+def swap_pass(target, database=None, reports: list | None = None, upper_bounds=None):
     """The Relax module pass: run it after TVM's operator fusion (FuseTIR). `reports`, when
-    given, receives the `Report` of each run."""
+    given, receives the `Report` of each run; `upper_bounds` (symbol name -> int) bounds the
+    symbolic dims the model's annotations leave unbounded."""
     import tvm
 
     machine = machine_for(target)
 
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.Swap")
     def _swap(mod, _ctx):
-        plans, report = plan(mod, machine, database)
+        plans, report = plan(mod, machine, database, upper_bounds)
         if reports is not None:
             reports.append(report)
         return rewrite(mod, plans) if plans else mod

@@ -37,7 +37,7 @@ class VectorFacts:
 def injective(func, facts: VectorFacts):
     """Schedule an all-spatial PrimFunc: inline the producers, fuse the loops, parallel outer,
     vectorize inner. Returns the schedule, or None when `func` is not injective (reduction axes)."""
-    from tvm import s_tir
+    from tvm import s_tir, tirx
 
     sch = s_tir.Schedule(func)
     blocks = root_blocks(sch)
@@ -55,13 +55,34 @@ def injective(func, facts: VectorFacts):
     loops = sch.get_loops(blocks[0])
     if not loops:
         return None
-    fused = sch.fuse(*loops)
     bits = dtype_bits(sch.get(blocks[0]).writes[0].source.dtype)
     lanes = facts.lanes(bits)
+    if _symbolic_outer(sch, loops, lanes):
+        # A symbolic extent (a sequence length): fusing it into the whole nest makes every
+        # vector a div/mod and a tail check (a 128 x 2304 transpose: 0.85 ms against 0.08 ms
+        # static); the static innermost loop stays whole, in vectors, the others run parallel.
+        sch.parallel(sch.fuse(*loops[:-1]))
+        sch.vectorize(sch.split(loops[-1], factors=[None, lanes])[1])
+        return sch
+    if len(loops) > 1 and not isinstance(sch.get(loops[-1]).extent, tirx.IntImm):
+        # A symbolic innermost loop (a transpose into [.., seq]): the others run parallel, it
+        # stays one loop (a split by lanes would add a tail check per vector).
+        sch.parallel(sch.fuse(*loops[:-1]))
+        return sch
+    fused = sch.fuse(*loops)
     outer, inner = sch.split(fused, factors=[None, lanes])
     sch.parallel(outer)
     sch.vectorize(inner)
     return sch
+
+
+def _symbolic_outer(sch, loops, lanes: int) -> bool:
+    """Some loop has a symbolic extent and the innermost one a static multiple of `lanes`."""
+    from tvm import tirx
+
+    ext = [sch.get(lp).extent for lp in loops]
+    return (len(loops) > 1 and any(not isinstance(e, tirx.IntImm) for e in ext)
+            and isinstance(ext[-1], tirx.IntImm) and int(ext[-1]) % lanes == 0)
 
 
 def rowwise(func, facts: VectorFacts):
@@ -83,8 +104,11 @@ def rowwise(func, facts: VectorFacts):
         rows = _row_loops(kinds, len(loops))
         lanes = facts.lanes(dtype_bits(sch.get(b).writes[0].source.dtype))
         if len(loops) > 1 and all(k == 0 for k in kinds):
-            _, inner = sch.split(loops[-1], factors=[None, lanes])
-            sch.vectorize(inner)
+            # A symbolic row (softmax over a sequence) stays one loop: split by lanes it is a
+            # tail check per vector.
+            if hasattr(sch.get(loops[-1]).extent, "value"):
+                _, inner = sch.split(loops[-1], factors=[None, lanes])
+                sch.vectorize(inner)
             _parallel_rows(sch, b, rows)
         elif not _vector_reduce(sch, b, lanes, rows):
             _parallel_rows(sch, b, rows)

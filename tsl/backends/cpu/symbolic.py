@@ -25,9 +25,21 @@ class SymbolicCPUKernel(CPUArtifact):
     def __init__(self, schedule, blocks: dict[str, int]):
         lowering = CPULowering(schedule.machine, schedule.primitive)
         ctx = lower_symbolic(schedule, lowering, blocks)
-        super().__init__(schedule, ctx, codegen.compile_module(ctx.sch.mod, schedule.machine))
+        # Compiled on first use: inside a Relax model (tsl.relax) TVM compiles the kernel with
+        # the rest of the graph, and this module is never run.
+        super().__init__(schedule, ctx, None)
         self.blocks = dict(blocks)
         *self.in_dims, self.out_dims = dim_axes(schedule.op, blocks)
+
+    @property
+    def executable(self):
+        if self._executable is None:
+            self._executable = codegen.compile_module(self.ctx.sch.mod, self.machine)
+        return self._executable
+
+    @executable.setter
+    def executable(self, module) -> None:
+        self._executable = module
 
     def _shape(self, static: tuple, dims: dict, v: int) -> tuple:
         """A tensor's kernel shape at value v: its symbolic dims padded to their blocks."""

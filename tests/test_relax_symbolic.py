@@ -1,0 +1,98 @@
+"""A transformer layer exported with a dynamic sequence length compiles once through
+`tsl.relax.pipeline("cpu")` and matches PyTorch at several lengths (issue #25, part 4)."""
+
+import numpy as np
+import pytest
+
+import tsl
+import tsl.relax
+from tsl.errors import InputError
+
+torch = pytest.importorskip("torch", reason="the torch frontend tests need PyTorch "
+                                            "(pip install -e '.[test]' brings the CPU build)")
+
+UPPER = 8
+
+
+def _encoder():
+    torch.manual_seed(0)
+    return torch.nn.TransformerEncoderLayer(64, 2, 128, batch_first=True, dropout=0.0).eval()
+
+
+def _imported(model, upper):
+    import tvm.relax.frontend.torch as frontend
+
+    seq = torch.export.Dim("seq", min=1, max=upper) if upper else torch.export.Dim("seq")
+    ep = torch.export.export(model, (torch.randn(1, 5, 64),), dynamic_shapes={"src": {1: seq}})
+    return frontend.from_exported_program(ep, keep_params_as_input=False)
+
+
+def _symbol(mod) -> str:
+    return str(mod["main"].params[0].ty.shape[1].name)
+
+
+def test_encoder_with_a_dynamic_sequence_compiles_once_and_runs_at_any_length():
+    import tvm
+    from tvm import relax
+
+    model = _encoder()
+    mod = _imported(model, UPPER)
+    reports = []
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu", reports=reports))
+    taken = reports[-1].taken
+    # the four linear layers and both attention products, each with its symbolic dim
+    assert len(taken) == 6 and all(f"in [1, {UPPER}]" in d.pattern for d in taken)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for s in (1, 5, UPPER):  # 5: no micro-kernel's block divides it
+        x = np.random.default_rng(s).standard_normal((1, s, 64)).astype("float32")
+        y = vm["main"](tvm.runtime.tensor(x))[0].numpy()
+        ref = model(torch.from_numpy(x)).detach().numpy()
+        assert y.shape == ref.shape
+        np.testing.assert_allclose(y, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_a_symbolic_dim_without_a_bound_names_the_option():
+    mod = _imported(_encoder(), None)
+    with pytest.raises(InputError, match="upper_bounds"):
+        tsl.relax.report(mod, "cpu")
+
+
+def test_upper_bounds_bound_an_unbounded_symbol():
+    mod = _imported(_encoder(), None)
+    rep = tsl.relax.report(mod, "cpu", upper_bounds={_symbol(mod): 4})
+    assert len(rep.taken) == 6 and all("in [1, 4]" in d.pattern for d in rep.taken)
+
+
+def test_a_bad_bound_is_an_input_error():
+    mod = _imported(_encoder(), None)
+    with pytest.raises(InputError, match="positive integer"):
+        tsl.relax.report(mod, "cpu", upper_bounds={_symbol(mod): 0})
+
+
+def test_onnx_dynamic_axis_takes_its_bound_from_upper_bounds(tmp_path):
+    """ONNX keeps a dynamic axis's name ("seq") but no bound: the option names it, and with
+    `upper_bounds={"seq": ...}` the model compiles once and matches PyTorch."""
+    pytest.importorskip("onnx", reason="the ONNX frontend test needs the onnx package")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+    import onnx
+    import tvm
+    import tvm.relax.frontend.onnx as frontend
+    from tvm import relax
+
+    model, path = _encoder(), tmp_path / "encoder.onnx"
+    torch.onnx.export(model, (torch.randn(1, 5, 64),), str(path), dynamo=True,
+                      input_names=["src"],
+                      dynamic_shapes={"src": {1: torch.export.Dim("seq", max=UPPER)}})
+    mod = frontend.from_onnx(onnx.load(str(path)), keep_params_in_input=False)
+    with pytest.raises(InputError, match=r"upper_bounds=\{'seq'"):
+        tsl.relax.report(mod, "cpu")
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu", upper_bounds={"seq": UPPER}))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for s in (1, 5, UPPER):
+        x = np.random.default_rng(s).standard_normal((1, s, 64)).astype("float32")
+        y = vm["main"](tvm.runtime.tensor(x))
+        y = (y if hasattr(y, "numpy") else y[0]).numpy()
+        np.testing.assert_allclose(y, model(torch.from_numpy(x)).detach().numpy(),
+                                   atol=1e-4, rtol=1e-4)
