@@ -36,16 +36,10 @@ def _median_call(fn, repeat: int = REPEAT) -> float:
     """Median of `repeat` single calls after 10 untimed ones, at real-time priority where
     TSL_TIMING=realtime (`tsl.timing`)."""
     from tsl import timing
+    from tsl.artifact import call_times
 
     with timing.realtime():
-        for _ in range(10):
-            fn()
-        ts = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+        return float(np.median(call_times(fn, repeat)))
 
 
 def rows(only: str | None):
