@@ -199,7 +199,7 @@ def _torch_window(op, stride, x, w, b):
 @pytest.mark.parametrize("size", [21, 37])
 def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride, size):
     """19 channels, 21 x 21 (a row in one odd vector) and 37 x 37 (vectors of 16, the last one
-    predicated), stride 1 and 2, padding 1."""
+    predicated), stride 1 and 2 (odd padded widths: the phase split pads a column), padding 1."""
     pytest.importorskip("torch", reason="the reference is PyTorch's conv2d / pooling")
     import tvm
     from tvm import relax
@@ -213,6 +213,10 @@ def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride,
     prims = [f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     # the window schedule: planes parallel, the accumulation a vector of output columns
     assert any("T.parallel" in f.script() and "_update" in f.script() for f in prims)
+    # stride 2: the padded input's columns split by phase (N, C, H, 2, W / 2): taps read
+    # consecutive columns, not gathers
+    pad = f"T.sblock_alloc_buffer((T.int64(1), T.int64(19), T.int64({size + 2}), T.int64(2), "
+    assert any(pad in f.script() for f in prims) == (stride == 2)
     ex = tvm.compile(mod, target=tgt, relax_pipeline=tsl.relax.pipeline("cpu"))
     rng = np.random.default_rng(4)
     x, w, b = (rng.standard_normal(s).astype("float32")

@@ -40,13 +40,15 @@ def window(func, facts):
     red = reds[0]
     at = blocks.index(red)
     try:
+        red_lanes = facts.lanes(dtype_bits(sch.get(red).writes[0].source.dtype))
+        phased = _split_phases(sch, red, blocks[:at], red_lanes // 2)
         last = _fold_consumers(sch, red, blocks[at + 1:])
         lanes = facts.lanes(dtype_bits(sch.get(last).writes[0].source.dtype))
         plane, w_outer = _output_nest(sch, last, lanes)
         sch.compute_at(red, w_outer, preserve_unit_loops=True)
         _vectorize_accumulation(sch, red)
         for b in reversed(blocks[:at]):
-            _stage_producer(sch, b, plane)
+            _stage_producer(sch, b, plane, phased.get(sch.get(b).name_hint, 1))
     except ScheduleError:
         return None
     return sch
@@ -76,6 +78,44 @@ def _slides(block) -> bool:
 
 def _const_above(extent, n: int) -> bool:
     return hasattr(extent, "value") and extent.value > n
+
+
+def _split_phases(sch, red, producers: list, min_width: int) -> dict:
+    """A window of stride s > 1 along the columns reads input column w * s + rw for the vector
+    of output columns w: s elements apart, a gather per tap. Its producer (the padding) writes
+    the columns split by phase instead, w -> (w % s, w // s), so that every tap reads
+    consecutive elements (phase rw % s, from column w + rw // s): the kernel pays one strided
+    pass over the input where it paid a gather per tap (MobileNetV2's 96 x 112 x 112 stride-2
+    depthwise: 0.46 -> 0.18 ms, 2-core Xeon). A width the stride does not divide is padded
+    with zeros that no output reads. Nothing changes where the input comes in as a parameter
+    (no padding), nor for output rows narrower than `min_width` (half a vector): the gathers of
+    a row that short cost less than the split's extra pass (576 x 14 x 14 stride 2, 7 output
+    columns: 0.034 ms gathering, 0.06-0.12 ms split).
+    Returns {producer block name: stride} of the producers split."""
+    from tvm import sym, tirx
+
+    phased = {}
+    blk = sch.get(red)
+    col = blk.writes[0].region[-1].min
+    if not _const_above(blk.writes[0].source.shape[-1], min_width - 1):
+        return phased
+    for read in blk.reads:
+        if not read.region or read.source.same_as(blk.writes[0].source):
+            continue
+        coef = sym.detect_linear_equation(read.region[-1].min, [col])
+        stride = int(coef[0]) if len(coef) == 2 and isinstance(coef[0], tirx.IntImm) else 1
+        writer = next((b for b in producers if sch.get(b).writes[0].source.same_as(read.source)),
+                      None)
+        width = read.source.shape[-1]
+        if stride <= 1 or writer is None or not hasattr(width, "value"):
+            continue
+        width = width.value
+        sch.transform_layout(
+            writer, ("write", 0),
+            lambda *ix: (*ix[:-1], ix[-1] % stride, ix[-1] // stride),
+            pad_value=None if width % stride == 0 else tirx.const(0, read.source.dtype))
+        phased[sch.get(writer).name_hint] = stride
+    return phased
 
 
 def _uses(expr, var) -> bool:
@@ -144,11 +184,15 @@ def _vectorize_accumulation(sch, red):
     sch.decompose_reduction(red, reduce[0])
 
 
-def _stage_producer(sch, block, plane):
+def _stage_producer(sch, block, plane, stride: int = 1):
     """The padding: computed per (n, c) plane inside the parallel loop (once per plane, in cache),
     split into a fill of the border and a copy of the interior (`decompose_padding`) so that both
     vectorize (a copy with an in-bounds test per element does not). Left at the root when TVM
-    cannot place it there."""
+    cannot place it there. A producer whose columns are split by phase (`_split_phases`, `stride`
+    > 1) writes s rows of phases from one input row: its column loop is split by s with the
+    phases unrolled and left to LLVM's loop vectorizer, which reads the row in whole vectors and
+    deinterleaves them (shuffles); vectorized by TVM, the phase writes became one scalar store
+    per element."""
     from tvm.s_tir.schedule import ScheduleError
 
     try:
@@ -159,4 +203,8 @@ def _stage_producer(sch, block, plane):
     if sch.can_decompose_padding(block, sch.get_loops(block)[1]):
         parts.append(sch.decompose_padding(block, sch.get_loops(block)[1]))
     for b in parts:
-        sch.vectorize(sch.get_loops(b)[-1])
+        if stride == 1:
+            sch.vectorize(sch.get_loops(b)[-1])
+            continue
+        _, phase = sch.split(sch.get_loops(b)[-1], factors=[None, stride])
+        sch.unroll(phase)

@@ -103,35 +103,34 @@ def lowering(machine, p) -> str:
 
 @cache
 def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
+    """Register the TensorIntrin of one primitive (kind, n lanes, A's dtype, the LLVM
+    intrinsic it calls) and return its name."""
     from tvm import s_tir
-    from tvm.script import tirx as T
 
     k = KINDS[kind].k
     name = f"tsl_cpu_{kind}_{n}x{k}_{a_dtype}_{intrinsic}"
     if kind == "mmla":
         s_tir.TensorIntrin.register(name, *_mmla(intrinsic), override=True)
         return name
-    if kind == "madd2":
-        a_dtype = b_dtype = "int16"
-    elif kind == "dot2":
-        b_dtype = "bfloat16"
-    else:
-        b_dtype = "int8"
-    acc = "float32" if kind == "dot2" else "int32"
-    # dot4 and dot2 call (acc, A's k elements broadcast to every lane, B): their operand
-    # vectors are int8 (sdot, vpdpbusd) or, for bf16, int16 vectors of the bf16 bits (TVM's
-    # LLVM code generator has no bfloat type: `codegen` gives LLVM the bfloat overload).
-    lane = "int16" if kind == "dot2" else "int8"
+    a_dtype, b_dtype, acc = _operand_types(kind, a_dtype)
+    impl = (_dot_impl(kind, n, k, a_dtype, b_dtype, acc, intrinsic) if kind in ("dot4", "dot2")
+            else _madd_impl(n, k, intrinsic))
+    s_tir.TensorIntrin.register(name, _desc(n, k, a_dtype, b_dtype, acc), impl, override=True)
+    return name
 
-    def bits(x, w):
-        """x's elements as `lane` bits. bf16 goes through fp32, exactly: BF16 legalization
-        stores bf16 buffers allocated in the kernel (A's packing stage) as fp32, whose top
-        16 bits are the bf16 value; LLVM folds the round trip for bf16 storage."""
-        if kind == "dot4":
-            return x
-        return T.reinterpret(T.Cast(f"uint16x{w}", T.shift_right(
-            T.reinterpret(T.Cast(f"float32x{w}", x), dtype=f"uint32x{w}"),
-            T.Broadcast(T.uint32(16), w))), dtype=f"int16x{w}")
+
+def _operand_types(kind: str, a_dtype: str) -> tuple[str, str, str]:
+    """(A, B, accumulator) dtypes of a dot4 / dot2 / madd2 primitive's buffers."""
+    if kind == "madd2":
+        return "int16", "int16", "int32"
+    if kind == "dot2":
+        return a_dtype, "bfloat16", "float32"
+    return a_dtype, "int8", "int32"
+
+
+def _desc(n: int, k: int, a_dtype: str, b_dtype: str, acc: str):
+    """C[n] += sum over k of A[k] * B[n, k], in the accumulator's dtype."""
+    from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
     def desc(A: T.Buffer((k,), a_dtype, offset_factor=1),
@@ -145,41 +144,62 @@ def register(kind: str, n: int, a_dtype: str, intrinsic: str) -> str:
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, kk])
                         C[vi] = C[vi] + T.cast(A[vk], acc) * T.cast(B[vi, vk], acc)
+    return desc
 
-    # Each impl is one expression: named temporaries would become buffers written every call.
-    if kind in ("dot4", "dot2"):
-        @T.prim_func(s_tir=True)
-        def impl(A: T.Buffer((k,), a_dtype, offset_factor=1),
-                 B: T.Buffer((n, k), b_dtype, offset_factor=1),
-                 C: T.Buffer((n,), acc, offset_factor=1)) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:n], A[0:k], B[0:n, 0:k])
-                T.writes(C[0:n])
-                C[T.ramp(T.int32(0), 1, n)] = T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id(intrinsic),
-                    C.vload([0], dtype=f"{acc}x{n}"),
-                    T.reinterpret(T.broadcast(T.reinterpret(bits(A.vload([0], f"{a_dtype}x{k}"), k),
-                                                            dtype="int32"), n),
-                                  dtype=f"{lane}x{k * n}"),
-                    bits(B.vload([0, 0], dtype=f"{b_dtype}x{k * n}"), k * n), dtype=f"{acc}x{n}")
-    else:
-        @T.prim_func(s_tir=True)
-        def impl(A: T.Buffer((k,), "int16", offset_factor=1),
-                 B: T.Buffer((n, k), "int16", offset_factor=1),
-                 C: T.Buffer((n,), "int32", offset_factor=1)) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:n], A[0:k], B[0:n, 0:k])
-                T.writes(C[0:n])
-                C[T.ramp(T.int32(0), 1, n)] = C.vload([0], dtype=f"int32x{n}") + \
-                    T.call_llvm_pure_intrin(
-                        T.llvm_lookup_intrinsic_id(intrinsic),
-                        T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "int16x2"),
-                                                                dtype="int32"), n),
-                                      dtype=f"int16x{2 * n}"),
-                        B.vload([0, 0], dtype=f"int16x{2 * n}"), dtype=f"int32x{n}")
 
-    s_tir.TensorIntrin.register(name, desc, impl, override=True)
-    return name
+def _dot_impl(kind: str, n: int, k: int, a_dtype: str, b_dtype: str, acc: str, intrinsic: str):
+    """dot4 and dot2 call (acc, A's k elements broadcast to every lane, B): their operand
+    vectors are int8 (sdot, vpdpbusd) or, for bf16, int16 vectors of the bf16 bits (TVM's
+    LLVM code generator has no bfloat type: `codegen` gives LLVM the bfloat overload)."""
+    from tvm.script import tirx as T
+
+    lane = "int16" if kind == "dot2" else "int8"
+
+    def bits(x, w):
+        """x's elements as `lane` bits. bf16 goes through fp32, exactly: BF16 legalization
+        stores bf16 buffers allocated in the kernel (A's packing stage) as fp32, whose top
+        16 bits are the bf16 value; LLVM folds the round trip for bf16 storage."""
+        if kind == "dot4":
+            return x
+        return T.reinterpret(T.Cast(f"uint16x{w}", T.shift_right(
+            T.reinterpret(T.Cast(f"float32x{w}", x), dtype=f"uint32x{w}"),
+            T.Broadcast(T.uint32(16), w))), dtype=f"int16x{w}")
+
+    return _impl(n, k, a_dtype, b_dtype, acc, lambda A, B, C: T.call_llvm_pure_intrin(
+        T.llvm_lookup_intrinsic_id(intrinsic),
+        C.vload([0], dtype=f"{acc}x{n}"),
+        T.reinterpret(T.broadcast(T.reinterpret(bits(A.vload([0], f"{a_dtype}x{k}"), k),
+                                                dtype="int32"), n),
+                      dtype=f"{lane}x{k * n}"),
+        bits(B.vload([0, 0], dtype=f"{b_dtype}x{k * n}"), k * n), dtype=f"{acc}x{n}"))
+
+
+def _madd_impl(n: int, k: int, intrinsic: str):
+    """madd2: C[n] += the intrinsic's n sums of 2 int16 products (A's pair broadcast)."""
+    from tvm.script import tirx as T
+
+    return _impl(n, k, "int16", "int16", "int32", lambda A, B, C: C.vload(
+        [0], dtype=f"int32x{n}") + T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id(intrinsic),
+            T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "int16x2"), dtype="int32"), n),
+                          dtype=f"int16x{2 * n}"),
+            B.vload([0, 0], dtype=f"int16x{2 * n}"), dtype=f"int32x{n}"))
+
+
+def _impl(n: int, k: int, a_dtype: str, b_dtype: str, acc: str, value):
+    """The impl of a one-instruction primitive: C's n lanes = `value(A, B, C)`. One
+    expression: named temporaries would become buffers written every call."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def impl(A: T.Buffer((k,), a_dtype, offset_factor=1),
+             B: T.Buffer((n, k), b_dtype, offset_factor=1),
+             C: T.Buffer((n,), acc, offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:n], A[0:k], B[0:n, 0:k])
+            T.writes(C[0:n])
+            C[T.ramp(T.int32(0), 1, n)] = value(A, B, C)
+    return impl
 
 
 def _mmla(intrinsic: str):
