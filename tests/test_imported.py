@@ -190,3 +190,31 @@ def test_onnx_clip_is_a_relax_clip_only_where_its_bounds_are_constants_in_order(
                                        for v in (lo, hi)] if bounds_as_inputs else [])
     got = vm["main"](*args).numpy()
     np.testing.assert_allclose(got, np.minimum(np.maximum(x, lo), hi), rtol=0, atol=0)
+
+
+class LinearGelu(torch.nn.Module):
+    """A transformer MLP: linear, erf gelu, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(24, 40)
+        self.down = torch.nn.Linear(40, 24)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+@pytest.mark.parametrize("frontend", ["torch", "onnx"])
+def test_erf_gelu_after_a_linear_is_its_epilogue_through_both_frontends(frontend, tmp_path):
+    torch.manual_seed(0)
+    model = LinearGelu().eval()
+    x = np.random.default_rng(8).uniform(-2, 2, (1, 13, 24)).astype("float32")
+    mod = _imported(model, x, frontend, tmp_path)
+    rep = tsl.relax.report(mod, "cpu")
+    assert any(d.pattern.startswith("matmul+bias+gelu") and "left to TVM" not in d.pattern
+               for d in rep.taken), str(rep)
+    got = _compile_and_run(mod, x)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert err < 1e-4, err

@@ -155,11 +155,53 @@ def restore_clip():
     return _pass
 
 
+def activations_before_reshapes():
+    """A module pass writing `act(reshape(y))` as `reshape(act(y))` for the activations a tsl
+    epilogue takes (relu, gelu, silu, clip): element-wise, they commute with any reshape. The
+    torch frontend writes a linear on (batch, rows, k) as reshape, matmul, add, reshape, so the
+    activation after it came after the reshape, outside the GEMM's fused function (a separate
+    copy pass, the activation not in the kernel); moved before, FuseOps fuses it with the add.
+    The two reshapes that then meet (back to 2-D for the next linear) become one, a view."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    make = {"relax.nn.relu": lambda y, _a: relax.op.nn.relu(y),
+            "relax.nn.gelu": lambda y, _a: relax.op.nn.gelu(y),
+            "relax.nn.silu": lambda y, _a: relax.op.nn.silu(y),
+            "relax.clip": lambda y, a: relax.op.clip(y, a[1], a[2])}
+    y = wildcard()
+    reshape = is_op("relax.reshape")(y, wildcard())
+    act = None
+    for name in make:
+        p = is_op(name)(reshape, wildcard(), wildcard()) if name == "relax.clip" \
+            else is_op(name)(reshape)
+        act = p if act is None else act | p
+
+    def rewriter(_expr, m):
+        call = m[act]
+        return relax.op.reshape(make[call.op.name](m[y], call.args), m[reshape].args[1])
+
+    twice = is_op("relax.reshape")(reshape, wildcard())
+
+    def once(_expr, m):
+        return relax.op.reshape(m[y], m[twice].args[1])
+
+    @tvm.transform.module_pass(opt_level=0, name="tsl.relax.activations_before_reshapes")
+    def _pass(mod, _ctx):
+        for gv, f in list(mod.functions.items()):
+            if isinstance(f, relax.Function):
+                mod[gv] = rewrite_call(twice, once, rewrite_call(act, rewriter, f))
+        return mod
+
+    return _pass
+
+
 def import_passes() -> list:
     """What runs before TVM's legalization: batch norms folded or decomposed, constants
     folded (weights reached through permute/reshape of constants become constants), ONNX clips
-    made Relax clips again."""
+    made Relax clips again, activations moved before the reshapes after a GEMM."""
     from tvm import relax
 
     return [fold_batch_norm(), relax.transform.DecomposeOpsForInference(),
-            relax.transform.FoldConstant(), restore_clip()]
+            relax.transform.FoldConstant(), restore_clip(), activations_before_reshapes()]

@@ -446,12 +446,16 @@ def _epilogue(post, store, params, chan_pos, n_chan, acc_dtype, operands):
     `post` after the reduction, up to the first that is no epilogue step (or a cast, which ends
     it); the operands the steps read are added to `operands` (a second bias is "bias2")."""
     steps, out_dtype = [], "float16" if acc_dtype == "float16" else None
-    cur, seen = store.buffer, {}
-    for n, blk in enumerate(post):
-        step, operand = _elementwise_step(blk, cur, params, chan_pos, n_chan, acc_dtype)
+    cur, seen, n = store.buffer, {}, 0
+    while n < len(post):
+        if acc_dtype.startswith("float") and _is_gelu(post[n:n + 5], cur):
+            steps.append(Step("gelu"))
+            cur, n = _store(post[n + 4]).buffer, n + 5
+            continue
+        step, operand = _elementwise_step(post[n], cur, params, chan_pos, n_chan, acc_dtype)
         if step is None:
             return steps, out_dtype, cur, n
-        cur = _store(blk).buffer
+        cur = _store(post[n]).buffer
         if isinstance(step, tuple):  # a cast: the kernel's output dtype, the last step
             return steps, step[1], cur, n + 1
         if operand is not None:
@@ -459,7 +463,38 @@ def _epilogue(post, store, params, chan_pos, n_chan, acc_dtype, operands):
             name = step.kind if seen[step.kind] == 1 else f"{step.kind}{seen[step.kind]}"
             operands[name] = operand
         steps.append(step)
-    return steps, out_dtype, cur, len(post)
+        n += 1
+    return steps, out_dtype, cur, n
+
+
+def _is_gelu(bl, cur) -> bool:
+    """Whether the five blocks `bl` are TVM's legalized (erf) gelu of buffer `cur`:
+    t = cur * 1/sqrt(2); e = erf(t); h = e * 0.5; g = 0.5 + h; out = cur * g, each read at
+    its output element (both frontends give `relax.op.nn.gelu` this form)."""
+    _, tirx = _types()
+    if len(bl) != 5 or any(not isinstance(b.body, tirx.BufferStore) for b in bl):
+        return False
+    st = [b.body for b in bl]
+
+    def at(e, buf, i) -> bool:  # buf read at block i's output element
+        return _is_load(e) and _same(e.source, buf) and len(e.indices) == len(st[i].indices) \
+            and all(x.same_as(y) for x, y in zip(e.indices, st[i].indices))
+
+    def times(i, buf, c) -> bool:  # block i: buf * c (either order), c a constant or a buffer
+        v = st[i].value
+        return isinstance(v, tirx.Mul) and any(
+            at(x, buf, i) and (at(y, c, i) if not isinstance(c, float) else
+                               _const(y) is not None and abs(_const(y) - c) < 1e-6)
+            for x, y in ((v.a, v.b), (v.b, v.a)))
+
+    erf = st[1].value
+    half = st[3].value
+    return (times(0, cur, 0.5 ** 0.5) and isinstance(erf, tvm_call())
+            and erf.op.name.endswith("erf") and at(erf.args[0], st[0].buffer, 1)
+            and times(2, st[1].buffer, 0.5) and isinstance(half, tirx.Add)
+            and any(_const(x) == 0.5 and at(y, st[2].buffer, 3)
+                    for x, y in ((half.a, half.b), (half.b, half.a)))
+            and times(4, cur, st[3].buffer))
 
 
 def _check_tail(tail, cur, params, absorbed) -> list[int]:
