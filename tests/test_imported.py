@@ -89,18 +89,26 @@ def test_a_residual_cnn_with_batch_norm_matches_pytorch_through_the_torch_fronte
     assert err < 1e-4, err
 
 
-def test_the_same_model_through_onnx_matches_pytorch(tmp_path):
+def _onnx_imported(model, x, tmp_path):
     pytest.importorskip("onnx", reason="the ONNX frontend test needs the onnx package")
     pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
 
-    model = _randomized(Residual())
-    x = np.random.default_rng(3).uniform(-1, 1, (1, 3, 20, 20)).astype("float32")
-    path = tmp_path / "residual.onnx"
+    path = tmp_path / "model.onnx"
     with torch.no_grad():
         torch.onnx.export(model, (torch.from_numpy(x),), str(path), dynamo=True)
-    mod = from_onnx(onnx.load(str(path)), keep_params_in_input=False)
+    return from_onnx(onnx.load(str(path)), keep_params_in_input=False)
+
+
+def _imported(model, x, frontend, tmp_path):
+    return _exported(model, x) if frontend == "torch" else _onnx_imported(model, x, tmp_path)
+
+
+def test_the_same_model_through_onnx_matches_pytorch(tmp_path):
+    model = _randomized(Residual())
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 3, 20, 20)).astype("float32")
+    mod = _onnx_imported(model, x, tmp_path)
     got = _compile_and_run(mod, x)
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
@@ -122,10 +130,14 @@ class ClippedConvs(torch.nn.Module):
         return torch.nn.functional.hardtanh(self.conv2(x), -0.25, 0.75)
 
 
-def test_relu6_and_float_clips_after_a_conv_are_its_epilogue_not_a_pass_after_it():
+@pytest.mark.parametrize("frontend", ["torch", "onnx"])
+def test_relu6_and_float_clips_after_a_conv_are_its_epilogue_not_a_pass_after_it(frontend,
+                                                                                 tmp_path):
+    """The ONNX frontend lowers Clip to TE max / min calls at import; tsl.relax.restore_clip
+    makes them Relax clips again, so both frontends give the conv the same epilogue."""
     model = _randomized(ClippedConvs())
     x = np.random.default_rng(4).uniform(-1, 1, (1, 8, 9, 11)).astype("float32")
-    mod = _exported(model, x)
+    mod = _imported(model, x, frontend, tmp_path)
     rep = tsl.relax.report(mod, "cpu")
     taken = [d for d in rep.taken if d.pattern.startswith("conv2d")]
     assert len(taken) == 2, str(rep)
@@ -134,5 +146,75 @@ def test_relu6_and_float_clips_after_a_conv_are_its_epilogue_not_a_pass_after_it
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
     assert got.min() >= -0.25 and got.max() <= 0.75
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert err < 1e-4, err
+
+
+def _onnx_clip(lo, hi, bounds_as_inputs):
+    """An ONNX graph y = Clip(x, lo, hi), the bounds initializers or graph inputs."""
+    onnx = pytest.importorskip("onnx", reason="the ONNX frontend test needs the onnx package")
+    from onnx import TensorProto, helper
+
+    bounds = [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in ("lo", "hi")]
+    inits = [] if bounds_as_inputs else [helper.make_tensor("lo", TensorProto.FLOAT, [], [lo]),
+                                         helper.make_tensor("hi", TensorProto.FLOAT, [], [hi])]
+    graph = helper.make_graph(
+        [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], "clip",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 5])]
+        + (bounds if bounds_as_inputs else []),
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 5])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("lo, hi, bounds_as_inputs", [(-0.3, 0.4, False), (0.5, -0.5, False),
+                                                      (-0.3, 0.4, True)])
+def test_onnx_clip_is_a_relax_clip_only_where_its_bounds_are_constants_in_order(lo, hi,
+                                                                                bounds_as_inputs):
+    """Constant bounds lo <= hi: one relax clip. lo > hi (ONNX: every value becomes hi) and
+    bounds given at run time keep the frontend's max / min calls; all three compute ONNX's
+    min(max(x, lo), hi)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    mod = from_onnx(_onnx_clip(lo, hi, bounds_as_inputs), keep_params_in_input=False)
+    with tsl.relax.tvm_target("cpu"):
+        imported = tvm.transform.Sequential(tsl.relax.import_passes())(mod)
+    clips = imported["main"].script().count("R.clip(")
+    assert clips == (1 if lo <= hi and not bounds_as_inputs else 0), imported["main"].script()
+    x = np.random.default_rng(6).uniform(-1, 1, (2, 3, 5)).astype("float32")
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    args = [tvm.runtime.tensor(x)] + ([tvm.runtime.tensor(np.array(v, "float32"))
+                                       for v in (lo, hi)] if bounds_as_inputs else [])
+    got = vm["main"](*args).numpy()
+    np.testing.assert_allclose(got, np.minimum(np.maximum(x, lo), hi), rtol=0, atol=0)
+
+
+class LinearGelu(torch.nn.Module):
+    """A transformer MLP: linear, erf gelu, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(24, 40)
+        self.down = torch.nn.Linear(40, 24)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+@pytest.mark.parametrize("frontend", ["torch", "onnx"])
+def test_erf_gelu_after_a_linear_is_its_epilogue_through_both_frontends(frontend, tmp_path):
+    torch.manual_seed(0)
+    model = LinearGelu().eval()
+    x = np.random.default_rng(8).uniform(-2, 2, (1, 13, 24)).astype("float32")
+    mod = _imported(model, x, frontend, tmp_path)
+    rep = tsl.relax.report(mod, "cpu")
+    assert any(d.pattern.startswith("matmul+bias+gelu") and "left to TVM" not in d.pattern
+               for d in rep.taken), str(rep)
+    got = _compile_and_run(mod, x)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
     assert err < 1e-4, err

@@ -225,3 +225,43 @@ def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride,
     args = (x, w, b)
     got = vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
     np.testing.assert_allclose(got, _torch_window(op, stride, x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_reshapes_around_tsl_gemms_are_views_not_copies_and_the_model_matches_numpy():
+    """ONNX's MatMul on (1, rows, k) tensors: the swap's kernels work on (rows, k) and reshape
+    their operands and results; those reshapes (and TVM's own) must reach the VM as views, not
+    as copies scheduled by the vector rules."""
+    import re
+
+    import tvm
+    from tvm import relax
+
+    import tsl.relax
+
+    rng = np.random.default_rng(7)
+    w1, b1 = rng.standard_normal((32, 48)).astype("float32"), rng.standard_normal(48)
+    w2 = rng.standard_normal((48, 32)).astype("float32")
+    x = relax.Var("x", relax.TensorType((1, 16, 32), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, relax.const(w1)))
+            h = bb.emit(relax.op.nn.relu(relax.op.add(h, relax.const(b1.astype("float32")))))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.matmul(h, relax.const(w2))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        before = tsl.relax._stages(tgt)[0]
+        done = tvm.transform.Sequential(before + [tsl.relax.swap_pass("cpu")]
+                                        + tsl.relax._vector_pass("cpu", tgt))(mod)
+    called = re.findall(r"call_tir\((?:\w+\.)?(\w+),", done["main"].script())
+    simplify = tvm.s_tir.transform.StmtSimplify()
+    copies = [n for n in called if not n.endswith("_tsl") and relax.analysis.has_reshape_pattern(
+        simplify(tvm.IRModule({"main": done[n]}))["main"])]
+    assert sum(n.endswith("_tsl") for n in called) == 2 and not copies, called
+    ex = tvm.compile(mod, target=tgt, relax_pipeline=tsl.relax.pipeline("cpu"))
+    xs = rng.standard_normal((1, 16, 32)).astype("float32")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xs)).numpy()
+    want = np.maximum(np.maximum(xs @ w1 + b1, 0) @ w2, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

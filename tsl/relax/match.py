@@ -378,14 +378,43 @@ def _clip_bounds(v, is_cur, bound):
 
 
 def match(func) -> Match:
-    """The tsl operator that `func` computes (or a NoMatch saying why not)."""
+    """The tsl operator that `func` computes (or a NoMatch saying why not): the one reduction
+    (`_reduction`), its family (`_family`: GEMM or conv), the element-wise blocks it absorbs
+    (`_epilogue`), and the tail left to TVM after it (`_check_tail`)."""
     params = list(func.params)
     bl = blocks(func)
+    ri, store, a, b, acc_dtype = _reduction(bl)
+    # float16 accumulation in TVM: tsl accumulates in float32 and rounds the result once, at
+    # the end of the epilogue (bias added in float32: more accurate than TVM's float16 sum).
+    tsl_acc = "float32" if acc_dtype == "float16" else acc_dtype
+    make, operands, chan_var, n_chan = _family(bl[ri], store, a, b, params, bl[:ri], tsl_acc)
+    post = bl[ri + 1:]
+    chan_pos = _index(list(store.indices), chan_var)
+    steps, out_dtype, cur, n = _epilogue(post, store, params, chan_pos, n_chan, acc_dtype,
+                                         operands)
+    try:
+        op = make(Epilogue(tuple(steps), out_dtype))
+    except TSLError as e:
+        raise NoMatch(f"tsl does not take it: {e}") from e
+    for name, operand in operands.items():
+        if operand.shape is None:  # a residual: the output's elements, in its order
+            operands[name] = Operand(operand.param, op.input(name).shape)
+    if tsl_acc != op.acc_dtype:
+        raise NoMatch(f"accumulator {acc_dtype}, tsl accumulates {op.dtype} in {op.acc_dtype}")
+    tail = post[n:]
+    tail_params = _check_tail(tail, cur, params, bl[:ri + 1 + n])
+    return Match(op, operands, _shape(cur), cur, tail, tail_params,
+                 [params[i] for i in tail_params])
+
+
+def _reduction(bl):
+    """(index, store, A load, B load, accumulator dtype) of the one sum-of-products block of
+    `bl`, checked: at most one block before it, and that one feeding an operand."""
     red_i = [i for i, b in enumerate(bl) if any(iv.iter_type != 0 for iv in b.iter_vars)]
     if len(red_i) != 1:
         raise NotGemm(f"{len(red_i)} reduction blocks (tsl takes exactly one)")
     ri = red_i[0]
-    red, pre, post = bl[ri], bl[:ri], bl[ri + 1:]
+    red, pre = bl[ri], bl[:ri]
     if len(pre) > 1:
         raise NoMatch(f"{len(pre)} blocks before the reduction")
     if red.init is None:
@@ -398,49 +427,74 @@ def match(func) -> Match:
     if pre and not _same(_store(pre[0]).buffer, a.source) and not _same(_store(pre[0]).buffer,
                                                                          b.source):
         raise NoMatch(f"block {pre[0].name_hint} before the reduction feeds neither operand")
-    # float16 accumulation in TVM: tsl accumulates in float32 and rounds the result once, at
-    # the end of the epilogue (bias added in float32: more accurate than TVM's float16 sum).
-    tsl_acc = "float32" if acc_dtype == "float16" else acc_dtype
-    n_spatial = sum(iv.iter_type == 0 for iv in red.iter_vars)
-    n_reduce = len(red.iter_vars) - n_spatial
+    return ri, store, a, b, acc_dtype
+
+
+def _family(red, store, a, b, params, pre, tsl_acc):
+    """`_conv`'s or `_gemm`'s (make, operands, channel iterator, channels) by how many axes the
+    reduction sums over (a conv's three: input channel and the window)."""
+    n_reduce = sum(iv.iter_type != 0 for iv in red.iter_vars)
     if n_reduce == 3:
-        make, operands, chan_var, n_chan = _conv(red, store, a, b, params,
-                                                 pre[0] if pre else None, tsl_acc)
-    else:
-        if pre:
-            raise NoMatch(f"block {pre[0].name_hint} computes a GEMM operand")
-        make, operands, chan_var, n_chan = _gemm(red, store, a, b, params, tsl_acc)
-    chan_pos = _index(list(store.indices), chan_var)
+        return _conv(red, store, a, b, params, pre[0] if pre else None, tsl_acc)
+    if pre:
+        raise NoMatch(f"block {pre[0].name_hint} computes a GEMM operand")
+    return _gemm(red, store, a, b, params, tsl_acc)
+
+
+def _epilogue(post, store, params, chan_pos, n_chan, acc_dtype, operands):
+    """(steps, output dtype, last absorbed buffer, blocks absorbed) for the element-wise blocks
+    `post` after the reduction, up to the first that is no epilogue step (or a cast, which ends
+    it); the operands the steps read are added to `operands` (a second bias is "bias2")."""
     steps, out_dtype = [], "float16" if acc_dtype == "float16" else None
-    cur = store.buffer
-    i, cast, seen = 0, False, {}
-    while i < len(post) and not cast:
-        step, operand = _elementwise_step(post[i], cur, params, chan_pos, n_chan, acc_dtype)
+    cur, seen, n = store.buffer, {}, 0
+    while n < len(post):
+        if acc_dtype.startswith("float") and _is_gelu(post[n:n + 5], cur):
+            steps.append(Step("gelu"))
+            cur, n = _store(post[n + 4]).buffer, n + 5
+            continue
+        step, operand = _elementwise_step(post[n], cur, params, chan_pos, n_chan, acc_dtype)
         if step is None:
-            break
-        if isinstance(step, tuple):
-            out_dtype, cast = step[1], True
-        else:
-            if operand is not None:
-                seen[step.kind] = seen.get(step.kind, 0) + 1
-                name = step.kind if seen[step.kind] == 1 else f"{step.kind}{seen[step.kind]}"
-                operands[name] = operand
-            steps.append(step)
-        cur = _store(post[i]).buffer
-        i += 1
-    tail = post[i:]
-    try:
-        op = make(Epilogue(tuple(steps), out_dtype))
-    except TSLError as e:
-        raise NoMatch(f"tsl does not take it: {e}") from e
-    for name, operand in operands.items():
-        if operand.shape is None:  # a residual: the output's elements, in its order
-            operands[name] = Operand(operand.param, op.input(name).shape)
-    if tsl_acc != op.acc_dtype:
-        raise NoMatch(f"accumulator {acc_dtype}, tsl accumulates {op.dtype} in {op.acc_dtype}")
-    tail_params = _check_tail(tail, cur, params, bl[:ri + 1 + i])
-    return Match(op, operands, _shape(cur), cur, tail, tail_params,
-                 [params[i] for i in tail_params])
+            return steps, out_dtype, cur, n
+        cur = _store(post[n]).buffer
+        if isinstance(step, tuple):  # a cast: the kernel's output dtype, the last step
+            return steps, step[1], cur, n + 1
+        if operand is not None:
+            seen[step.kind] = seen.get(step.kind, 0) + 1
+            name = step.kind if seen[step.kind] == 1 else f"{step.kind}{seen[step.kind]}"
+            operands[name] = operand
+        steps.append(step)
+        n += 1
+    return steps, out_dtype, cur, n
+
+
+def _is_gelu(bl, cur) -> bool:
+    """Whether the five blocks `bl` are TVM's legalized (erf) gelu of buffer `cur`:
+    t = cur * 1/sqrt(2); e = erf(t); h = e * 0.5; g = 0.5 + h; out = cur * g, each read at
+    its output element (both frontends give `relax.op.nn.gelu` this form)."""
+    _, tirx = _types()
+    if len(bl) != 5 or any(not isinstance(b.body, tirx.BufferStore) for b in bl):
+        return False
+    st = [b.body for b in bl]
+
+    def at(e, buf, i) -> bool:  # buf read at block i's output element
+        return _is_load(e) and _same(e.source, buf) and len(e.indices) == len(st[i].indices) \
+            and all(x.same_as(y) for x, y in zip(e.indices, st[i].indices))
+
+    def times(i, buf, c) -> bool:  # block i: buf * c (either order), c a constant or a buffer
+        v = st[i].value
+        return isinstance(v, tirx.Mul) and any(
+            at(x, buf, i) and (at(y, c, i) if not isinstance(c, float) else
+                               _const(y) is not None and abs(_const(y) - c) < 1e-6)
+            for x, y in ((v.a, v.b), (v.b, v.a)))
+
+    erf = st[1].value
+    half = st[3].value
+    return (times(0, cur, 0.5 ** 0.5) and isinstance(erf, tvm_call())
+            and erf.op.name.endswith("erf") and at(erf.args[0], st[0].buffer, 1)
+            and times(2, st[1].buffer, 0.5) and isinstance(half, tirx.Add)
+            and any(_const(x) == 0.5 and at(y, st[2].buffer, 3)
+                    for x, y in ((half.a, half.b), (half.b, half.a)))
+            and times(4, cur, st[3].buffer))
 
 
 def _check_tail(tail, cur, params, absorbed) -> list[int]:

@@ -3,6 +3,12 @@
 Run after the swap: functions carrying "tsl.machine" are tsl kernels and left alone; every other
 PrimFunc is offered to `tsl.schedules.vector.RULES` in order; the first rule that applies wins.
 The names of functions no rule took are returned through `left` (with the reason) for the report.
+
+Before the rules, calls of PrimFuncs that only reshape (TVM's legalized reshapes, the swap's
+crops and packs that change no element's order) become VM reshapes, views made without a copy:
+TVM's `RewriteDataflowReshape` does this later in its own pipeline, but by then this pass has
+scheduled those functions into loop nests it no longer recognizes. The swap's packs are
+simplified first (`StmtSimplify`): their bound checks are always true where nothing is padded.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ def schedule_rest(facts: VectorFacts, left: list | None = None):
 
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.ScheduleRest")
     def _pass(mod, _ctx):
+        mod = _reshapes_as_views(mod)
         for gv, f in list(mod.functions.items()):
             if not isinstance(f, tirx.PrimFunc) or "tsl.machine" in f.attrs:
                 continue
@@ -29,6 +36,20 @@ def schedule_rest(facts: VectorFacts, left: list | None = None):
         return mod
 
     return _pass
+
+
+def _reshapes_as_views(mod):
+    """`mod` with every call of a reshape-only PrimFunc made a VM reshape (see above), the
+    PrimFuncs no longer called dropped."""
+    import tvm
+    from tvm import relax, tirx
+
+    mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    simplify = tvm.s_tir.transform.StmtSimplify()
+    for gv, f in list(mod.functions.items()):
+        if isinstance(f, tirx.PrimFunc) and "tsl.machine" not in f.attrs:
+            mod[gv] = simplify(tvm.IRModule({"main": f}))["main"]
+    return relax.transform.DeadCodeElimination()(relax.transform.RewriteDataflowReshape()(mod))
 
 
 def unscheduled(mod, target) -> list[tuple[str, str]]:
