@@ -37,3 +37,22 @@ def other_cpu_machines() -> list[str]:
 def cross_cpu_machines() -> list[str]:
     """Built-in CPU machines this host cannot run: cross-compiled, their assembly checked."""
     return [m.name for m in host.cpu_machines() if host.missing(m)]
+
+
+def error_vs_torch(mod, model, x) -> float:
+    """Relative error of `mod` compiled through tsl's CPU pipeline against `model(x)` in
+    PyTorch (the check every imported-model test makes)."""
+    import numpy as np
+    import torch
+    import tvm
+    from tvm import relax
+
+    import tsl
+
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    got = (out if hasattr(out, "numpy") else out[0]).numpy()
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))

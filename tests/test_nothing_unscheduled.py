@@ -8,6 +8,7 @@ import pytest
 
 import tsl.relax
 import tsl.relax.schedule_rest
+from conftest import error_vs_torch
 from tsl.relax.schedule_rest import unscheduled
 
 torch = pytest.importorskip("torch", reason="the stand-in models are torch.nn modules "
@@ -95,19 +96,10 @@ def _imported(model, x, frontend, tmp_path):
 @pytest.mark.parametrize("frontend", ["torch", "onnx"])
 @pytest.mark.parametrize("name", sorted(STAND_INS))
 def test_imported_stand_ins_leave_nothing_unscheduled_and_match_pytorch(name, frontend, tmp_path):
-    import tvm
-    from tvm import relax
-
     model, x = _model(name)
     mod = _imported(model, x, frontend, tmp_path)
     assert unscheduled(mod, "cpu") == []
-    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu"))
-    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
-    got = (out if hasattr(out, "numpy") else out[0]).numpy()
-    with torch.no_grad():
-        want = model(torch.from_numpy(x)).numpy()
-    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    err = error_vs_torch(mod, model, x)
     assert err < 1e-4, err
 
 
