@@ -62,3 +62,14 @@ def test_codegen_capabilities_are_declared_by_the_back_end_not_the_machine():
     assert tsl.schedule(ops.matmul(32, 32, 32, dtype="int8"), "vta").capabilities is vta
     names = {f.name for f in dataclasses.fields(Capabilities)}
     assert not names & {f.name for f in dataclasses.fields(Mover)}
+
+
+def test_the_bench_runs_the_detected_machine_by_the_back_ends_name_and_every_other_machine():
+    from tsl.backend import get_backend, registry, targets
+    from tsl.bench.__main__ import default_targets
+    from tsl.tam.loader import load as load_machine
+
+    detected = [b for b in registry() if get_backend(b).host_detected]
+    assert detected == ["cpu"]
+    want = detected + [t for t in targets() if load_machine(t).backend != "cpu"]
+    assert default_targets() == want

@@ -27,7 +27,7 @@ import math
 import sys
 import time
 
-from ..backend import resolve_target, targets
+from ..backend import get_backend, resolve_target, targets
 from ..tam import load
 from ..record import record
 from .. import timing
@@ -112,8 +112,35 @@ def summary(rows: list[dict]) -> list[str]:
 
 
 def default_targets() -> list[str]:
-    """The host's CPU (as detected) and every non-CPU built-in machine."""
-    return ["cpu"] + [t for t in targets() if load(t).backend != "cpu"]
+    """The machine detected on this host (a back end's name, e.g. the CPU's) and every
+    built-in machine of the other back ends."""
+    names = sorted({load(t).backend for t in targets()})
+    detected = [b for b in names if get_backend(b).host_detected]
+    return detected + [t for t in targets() if load(t).backend not in detected]
+
+
+def _model_args(ap: argparse.ArgumentParser) -> None:
+    """The options of the whole-model and dynamic-shape benches."""
+    ap.add_argument("--models", action="store_true", help="whole models through tsl.relax "
+                    "instead: torchvision ResNet-18 / MobileNetV2 and a BERT-base encoder layer "
+                    "imported through TVM's torch and ONNX frontends vs PyTorch and ONNX Runtime "
+                    "(each alone in its own process; needs the peers extra), then the project's "
+                    "own models (ResNet-18, BERT layer, int8 ResNet-18, Tensor Core compile); "
+                    "with --quick, only the project's own small configurations")
+    ap.add_argument("--profile", action="store_true", help="with --models: tsl's time per "
+                    "function of each imported model (tsl kernels vs the rest)")
+    ap.add_argument("--frontends", default="torch,onnx", help="with --models: torch, onnx")
+    ap.add_argument("--only", help="with --models: comma-separated imported models "
+                    "(resnet18, mobilenet_v2, encoder); 'none' skips them")
+    ap.add_argument("--dynamic", action="store_true", help="shape-generic builds (one build "
+                    "of an operator family with a symbolic dim) against a static build per "
+                    "value, with PyTorch/NumPy timed alone, then a BERT-base encoder layer "
+                    "with a symbolic sequence length compiled once (--quick: 4 values, no "
+                    "peers, a smaller encoder); with --tune N, each family tuned with 2 x N "
+                    "trials against a static N-trial tune per value (--quick: dense "
+                    "768->3072 only)")
+    ap.add_argument("--values", help="with --dynamic --tune: the values, comma-separated "
+                    "(default: the issue's twelve; --quick: 1,31,100,333)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -157,26 +184,7 @@ def parser() -> argparse.ArgumentParser:
                     "--vs-metaschedule comparison, or per static tune with --dynamic")
     ap.add_argument("--vs-metaschedule", action="store_true", help="tsl.tune and TVM "
                     "MetaSchedule side by side, N trials each (see tsl/bench/metaschedule.py)")
-    ap.add_argument("--models", action="store_true", help="whole models through tsl.relax "
-                    "instead: torchvision ResNet-18 / MobileNetV2 and a BERT-base encoder layer "
-                    "imported through TVM's torch and ONNX frontends vs PyTorch and ONNX Runtime "
-                    "(each alone in its own process; needs the peers extra), then the project's "
-                    "own models (ResNet-18, BERT layer, int8 ResNet-18, Tensor Core compile); "
-                    "with --quick, only the project's own small configurations")
-    ap.add_argument("--profile", action="store_true", help="with --models: tsl's time per "
-                    "function of each imported model (tsl kernels vs the rest)")
-    ap.add_argument("--frontends", default="torch,onnx", help="with --models: torch, onnx")
-    ap.add_argument("--only", help="with --models: comma-separated imported models "
-                    "(resnet18, mobilenet_v2, encoder); 'none' skips them")
-    ap.add_argument("--dynamic", action="store_true", help="shape-generic builds (one build "
-                    "of an operator family with a symbolic dim) against a static build per "
-                    "value, with PyTorch/NumPy timed alone, then a BERT-base encoder layer "
-                    "with a symbolic sequence length compiled once (--quick: 4 values, no "
-                    "peers, a smaller encoder); with --tune N, each family tuned with 2 x N "
-                    "trials against a static N-trial tune per value (--quick: dense "
-                    "768->3072 only)")
-    ap.add_argument("--values", help="with --dynamic --tune: the values, comma-separated "
-                    "(default: the issue's twelve; --quick: 1,31,100,333)")
+    _model_args(ap)
     return ap
 
 

@@ -27,6 +27,7 @@ class CPUBackend(Backend):
     default_machine = "x86-avx2"  # what `target="cpu"` means is decided by `default()`
     Options = CPUOptions
     Params = CPUParams
+    host_detected = True
 
     def default(self):
         """The built-in machine that best fits this host, with this host's rates
