@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 
@@ -33,7 +32,7 @@ from ..record import record
 from .. import timing
 from ..errors import BackendUnavailable, TSLError
 from . import alone, model_check, search
-from .report import print_table
+from .report import print_table, summary
 from .rows import roofline_fields
 
 def run_target(target: str, ops_filter, quick: bool, progress,
@@ -90,25 +89,6 @@ def _benchmark(art, backend, machine) -> dict:
     if blas:
         row["blas"] = f"{blas}; peers timed alone"
     return row
-
-
-def summary(rows: list[dict]) -> list[str]:
-    """One line per target: rows verified, and the geometric mean of tsl's ratio to its peer."""
-    out = []
-    for target in dict.fromkeys(r["target"] for r in rows):
-        mine = [r for r in rows if r["target"] == target]
-        if all("skipped" in r for r in mine):
-            out.append(f"{target}: skipped ({mine[0]['skipped']})")
-            continue
-        ok = sum(r.get("verified") is True for r in mine)
-        ratios = [r["speedup"] for r in mine if r.get("speedup")]
-        peers = sorted({r["baseline"] for r in mine if r.get("speedup")})
-        geo = (f"geo-mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x "
-               f"{' / '.join(peers)} over {len(ratios)} rows" if ratios else "no peer ratio")
-        rates = sorted({r["rates"] for r in mine if "rates" in r})
-        out.append(f"{target}: {ok}/{len(mine)} rows verified, {geo}"
-                   + (f"; peaks: {'/'.join(rates)}" if rates else ""))
-    return out
 
 
 def default_targets() -> list[str]:

@@ -13,6 +13,7 @@ import base64
 import datetime
 import html
 import json
+import math
 import platform
 import re
 from dataclasses import dataclass, field
@@ -290,6 +291,25 @@ def fmt(row: dict) -> list[str]:
             t, f"{row['rate'] / 1e9:.1f} GOP/s",
             f"{row['pct_peak']:.1f}" + ("!" if row.get("peak_under_read") else ""),
             row.get("baseline") or "-", f"{sp:.2f}x" if sp is not None else "-", notes[:200]]
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """One line per target: rows verified, and the geometric mean of tsl's ratio to its peer."""
+    out = []
+    for target in dict.fromkeys(r["target"] for r in rows):
+        mine = [r for r in rows if r["target"] == target]
+        if all("skipped" in r for r in mine):
+            out.append(f"{target}: skipped ({mine[0]['skipped']})")
+            continue
+        ok = sum(r.get("verified") is True for r in mine)
+        ratios = [r["speedup"] for r in mine if r.get("speedup")]
+        peers = sorted({r["baseline"] for r in mine if r.get("speedup")})
+        geo = (f"geo-mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x "
+               f"{' / '.join(peers)} over {len(ratios)} rows" if ratios else "no peer ratio")
+        rates = sorted({r["rates"] for r in mine if "rates" in r})
+        out.append(f"{target}: {ok}/{len(mine)} rows verified, {geo}"
+                   + (f"; peaks: {'/'.join(rates)}" if rates else ""))
+    return out
 
 
 def print_table(rows: list[dict]) -> None:
