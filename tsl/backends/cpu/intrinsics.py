@@ -188,7 +188,8 @@ def _madd_impl(n: int, k: int, intrinsic: str):
 
 def _impl(n: int, k: int, a_dtype: str, b_dtype: str, acc: str, value):
     """The impl of a one-instruction primitive: C's n lanes = `value(A, B, C)`. One
-    expression: named temporaries would become buffers written every call."""
+    expression: named temporaries would become buffers written every call. Its buffers repeat
+    `_desc`'s: TensorIntrin.register requires the two signatures to match."""
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
