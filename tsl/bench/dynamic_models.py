@@ -11,11 +11,10 @@ TSL_TIMING_LOCK is set). Numbers are read here, never asserted in tests.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ..timing import exclusive, realtime
+from .models import compile_model
 
 SEQS = (1, 17, 128, 384, 512)
 QUICK_SEQS = (1, 17, 128)
@@ -31,18 +30,6 @@ def _export(model, seq_len: int, upper: int | None):
     dyn = {"src": {1: torch.export.Dim("seq", min=1, max=upper)}} if upper else None
     ep = torch.export.export(model, (x,), dynamic_shapes=dyn)
     return frontend.from_exported_program(ep, keep_params_as_input=False)
-
-
-def _compile(mod):
-    import tvm
-    from tvm import relax
-
-    from .. import relax as tsl_relax
-
-    t0 = time.perf_counter()
-    ex = tvm.compile(mod, target=tsl_relax.tvm_target("cpu"),
-                     relax_pipeline=tsl_relax.pipeline("cpu"))
-    return relax.VirtualMachine(ex, tvm.cpu()), time.perf_counter() - t0
 
 
 def _seconds(vm, x) -> float:
@@ -62,8 +49,10 @@ def main(quick: bool = False) -> list[dict]:
     d, heads, ff, upper = (256, 4, 1024, 128) if quick else (768, 12, 3072, 512)
     model = torch.nn.TransformerEncoderLayer(d, heads, ff, batch_first=True,
                                              dropout=0.0).eval()
-    dyn, dyn_s = _compile(_export(model, 17, upper))
-    static, static_s = _compile(_export(model, STATIC_SEQ, None))
+    built = compile_model(_export(model, 17, upper))
+    dyn, dyn_s = built.vm, built.seconds
+    built = compile_model(_export(model, STATIC_SEQ, None))
+    static, static_s = built.vm, built.seconds
     print(f"\nencoder dyn-seq (d_model {d}, {heads} heads, seq <= {upper}): one build "
           f"{dyn_s:.1f} s (static seq {STATIC_SEQ}: {static_s:.1f} s)", flush=True)
     print(f"  {'seq':>6} {'dynamic ms':>11} {'static ms':>10} {'dyn/static':>10} "
