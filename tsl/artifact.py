@@ -95,8 +95,7 @@ class Artifact:
 
     def _pack(self, i: int, x: np.ndarray) -> np.ndarray:
         """Input `i`, padded, in the dtype and layout the kernel reads."""
-        if self.ctx.b_dtype and i == self.ctx.input_index("B"):
-            x = x.astype(np_dtype(self.ctx.b_dtype))
+        x = x.astype(np_dtype(self.ctx.input_dtype(i)), copy=False)
         if i in self.ctx.layouts:
             x = self.ctx.layouts[i].apply(x)
         return np.ascontiguousarray(x)

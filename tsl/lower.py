@@ -43,6 +43,12 @@ class LowerContext:
     def input_index(self, role: str) -> int:
         return [t.role for t in self.op.inputs].index(role)
 
+    def input_dtype(self, i: int) -> str:
+        """The dtype the kernel takes input `i` in (B may be widened: `b_dtype`)."""
+        if self.b_dtype and i == self.input_index("B"):
+            return self.b_dtype
+        return self.op.inputs[i].dtype
+
 
 class Lowering:
     """Back-end hooks with the plain s_tir meaning of each primitive. A back end subclasses

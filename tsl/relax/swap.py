@@ -337,9 +337,7 @@ def _feed_input(bb, m, art, i, t, tb, args):
     it as it is, else a pack call."""
     operand = m.operands[t.role]
     lay = art.ctx.layouts.get(i)
-    # The dtype the kernel takes this input in (weights may be widened, like packing: see
-    # LowerContext.b_dtype).
-    dtype = art.ctx.b_dtype if art.ctx.b_dtype and t.role == "B" else tb.dtype
+    dtype = art.ctx.input_dtype(i)
     arg = args[operand.param]
     value = _constant(arg)
     if value is not None:

@@ -244,7 +244,7 @@ def _branch(bb, plan: Plan, kn: int, params, consts: dict, v):
     for i, (t, tb) in enumerate(zip(sm.match.op.inputs, big.inputs)):
         param, shape = sm.operands[t.role]
         lay = ctx.layouts.get(i)
-        dtype = ctx.b_dtype if ctx.b_dtype and t.role == "B" else tb.dtype
+        dtype = ctx.input_dtype(i)
         if param in consts:
             fed.append(_packed_constant(consts, param, shape, tb.shape, lay, dtype))
             continue
