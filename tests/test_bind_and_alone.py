@@ -103,3 +103,37 @@ def test_time_alone_returns_a_rate_from_a_fresh_process():
 def test_time_alone_unknown_kind_is_an_input_error():
     with pytest.raises(InputError, match="unknown peer kind"):
         alone.time_alone("no such peer", {}, cores=1)
+
+
+def test_models_bench_interleaves_fresh_processes(monkeypatch):
+    """`--models` runs each party in REPEATS fresh processes, interleaved (each repeat rotated
+    by one party), and a row takes the median of the runs' medians, its spread, and the compile
+    time of the run that compiled."""
+    from tsl.bench import imported
+
+    calls, seconds = [], iter([0.010, 0.020, 0.030, 0.040, 0.013, 0.021, 0.029, 0.060,
+                               0.016, 0.022, 0.028, 0.050])
+
+    def party(p, name, fe, work, rounds, profile):
+        calls.append((p, fe, profile))
+        info = {"seconds": next(seconds), "output": np.ones(2)}
+        if p == "tsl" and sum(c[:2] == (p, fe) for c in calls) == 1:
+            info["compile_s"] = 5.0
+        return info
+
+    monkeypatch.setattr(imported, "_run_party", party)
+    runs = imported._repeated("encoder", ("torch", "onnx"), None, 20, True)
+    order = [c[:2] for c in calls]
+    parties = imported._parties(("torch", "onnx"))
+    assert order[:4] == parties and order[4:8] == parties[1:] + parties[:1]
+    assert all(order.count(p) == imported.REPEATS for p in parties)
+    assert [c for c in calls if c[2]] == [("tsl", "torch", True), ("tsl", "onnx", True)]
+    torch_runs = sorted(s for (p, _), s in zip(order, [0.010, 0.020, 0.030, 0.040, 0.013, 0.021,
+                                                        0.029, 0.060, 0.016, 0.022, 0.028,
+                                                        0.050]) if p == "torch")
+    assert runs[("torch", "torch")]["seconds"] == pytest.approx(torch_runs[1])
+    assert runs[("torch", "torch")]["spread"] == pytest.approx(
+        (torch_runs[-1] - torch_runs[0]) / torch_runs[1])
+    assert runs[("tsl", "onnx")]["compile_s"] == 5.0
+    failed = imported._merged([{"seconds": 1.0}, {"error": "boom"}])
+    assert failed == {"error": "boom"}
