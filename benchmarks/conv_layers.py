@@ -1,9 +1,9 @@
 """Per-layer conv times: tsl against ONNX Runtime on one-conv models of the same shape.
 
-`python benchmarks/conv_layers.py [--lock /tmp/rt.lock] [--only resnet|dw]` (the lock held
+`python benchmarks/conv_layers.py [--lock /tmp/rt.lock] [--only resnet|pw|dw]` (the lock held
 while each party times, not while it builds; timed at real-time priority, `tsl.timing`) times every
-ResNet-18 conv layer (`tsl.workloads.RESNET18`, fp32 NCHW, batch 1) and MobileNetV2's
-depthwise 3x3 convs, each side alone in its own process (ONNX Runtime's spinning pool and
+ResNet-18 conv layer (`tsl.workloads.RESNET18`, fp32 NCHW, batch 1), MobileNetV2's pointwise
+1x1 convs and its depthwise 3x3 convs, each side alone in its own process (ONNX Runtime's spinning pool and
 TVM's would otherwise share the cores):
 
 * tsl, dense convs: the user-level time (`art.bind` of the weight, then the median of single
@@ -29,6 +29,11 @@ import numpy as np
 # MobileNetV2 (224x224) depthwise 3x3 convs: (channels, input H=W, stride).
 MOBILENET_DW = ((32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1),
                 (192, 28, 2), (384, 14, 1), (576, 14, 1), (576, 14, 2), (960, 7, 1))
+# MobileNetV2 (224x224) pointwise 1x1 convs, expand and project: (in channels, H=W, out channels).
+MOBILENET_PW = ((32, 112, 16), (16, 112, 96), (96, 56, 24), (24, 56, 144), (144, 56, 24),
+                (144, 28, 32), (32, 28, 192), (192, 28, 32), (192, 14, 64), (64, 14, 384),
+                (384, 14, 64), (384, 14, 96), (96, 14, 576), (576, 14, 96), (576, 7, 160),
+                (160, 7, 960), (960, 7, 160), (960, 7, 320), (320, 7, 1280))
 REPEAT = 30
 
 
@@ -49,6 +54,9 @@ def rows(only: str | None):
     if only in (None, "resnet"):
         out += [dict(kind="conv", hw=hw, c=c, k=k, r=r, pad=pad, stride=st)
                 for hw, c, k, r, pad, st in RESNET18]
+    if only in (None, "pw"):
+        out += [dict(kind="conv", hw=hw, c=c, k=k, r=1, pad=0, stride=1)
+                for c, hw, k in MOBILENET_PW]
     if only in (None, "dw"):
         out += [dict(kind="dw", hw=hw, c=c, k=c, r=3, pad=1, stride=st)
                 for c, hw, st in MOBILENET_DW]
@@ -189,7 +197,7 @@ def _run(party: str, only: str | None, lock: str | None) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", choices=("tsl", "ort"))
-    ap.add_argument("--only", choices=("resnet", "dw"))
+    ap.add_argument("--only", choices=("resnet", "pw", "dw"))
     ap.add_argument("--lock", help="flock this file around each party's process")
     ap.add_argument("--json")
     a = ap.parse_args()
