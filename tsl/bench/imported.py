@@ -8,9 +8,10 @@ users import them (`torch.export` + `from_exported_program`, or the ONNX file +
 `from_onnx`), compiled with `tsl.relax.pipeline("cpu")`, and timed against PyTorch eager and
 ONNX Runtime (CPU execution provider, intra-op threads = this host's cores). Every party runs
 alone in a fresh process (`python -m tsl.bench.imported --party ...`): nothing else of ours runs
-while it is timed, each gets the same settle pause and the same median of single calls, in
-REPEATS processes interleaved with the other parties' (tsl compiles in its first and deploys
-the exported library in the others). The parent checks each result against PyTorch's and
+while it is timed, each gets the same settle pause and the same median of single calls (under
+the timing lock ``TSL_TIMING_LOCK`` and the real-time policy where asked for, as the operator
+bench), in REPEATS processes interleaved with the other parties' (tsl compiles in its first
+and deploys the exported library in the others). The parent checks each result against PyTorch's and
 prints one row per model and frontend.
 
 `--profile` adds where tsl's milliseconds go: the Relax VM's calls timed one by one
@@ -28,6 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from .. import timing
 
 MODELS = ("resnet18", "mobilenet_v2", "encoder")
 PARTIES = ("tsl", "torch", "ort")
@@ -85,14 +88,19 @@ def relax_module(name: str, frontend: str, work: Path):
 
 
 def median_call(fn, rounds: int) -> float:
-    """Median seconds of single calls of `fn`, after a warm-up call and the settle pause."""
+    """Median seconds of single calls of `fn`, after a warm-up call and the settle pause; the
+    same for every party: under the host's timing lock (``TSL_TIMING_LOCK``: no other
+    cooperating process times meanwhile) and at real-time priority where asked for (both as
+    the operator bench's, `tsl.timing`)."""
     fn()
     time.sleep(SETTLE_SECONDS)
     ts = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
+    with timing.exclusive(), timing.realtime():
+        fn()  # the pool parked during the settle pause, woken untimed
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
     return float(np.median(ts))
 
 
@@ -152,9 +160,10 @@ def _party_tsl(name, frontend, work, rounds, profile) -> tuple[dict, np.ndarray]
         prof = _Profile()
         vm.set_instrument(tvm.runtime.convert(prof) if hasattr(tvm.runtime, "convert")
                           else prof)
-        for _ in range(max(3, rounds // 4)):
-            call()
         n = max(3, rounds // 4)
+        with timing.exclusive():
+            for _ in range(n):
+                call()
         info["profile"] = {k: v / n for k, v in prof.total.items()}
         # The rule that scheduled each non-kernel function: "window" is tsl's own vector-unit
         # schedule of depthwise / grouped convs and pooling, told apart from the glue.
