@@ -82,5 +82,5 @@ def _header(m: Machine, base: Machine, h, measured) -> str:
          f"instruction, best of {SAMPLES} samples of {SAMPLE_SECONDS * 1e3:g} ms:"]
         + [f"  {n}: {r / 1e9:.2f} GMAC/s per core = {r / clock:.2f} MACs/cycle"
            for n, r in rate.items()]
-        + ["Not modelled: frequency changes under load, the shared L3 and memory bandwidth, "
+        + ["Not modelled: frequency changes under load, memory bandwidth contention, "
            "SMT."])
