@@ -33,6 +33,11 @@ class Blocked:
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """Pack a NumPy array (dims divisible by their blocks: the operator is padded first)."""
+        return np.ascontiguousarray(self.view(x))
+
+    def view(self, x: np.ndarray) -> np.ndarray:
+        """`apply` as a strided view of x (no copy): what a caller assigns into a buffer of
+        the packed shape it already has."""
         split_shape, names = [], []
         for d, n in enumerate(x.shape):
             if d in self.blocks:
@@ -41,8 +46,7 @@ class Blocked:
             else:
                 split_shape.append(n)
                 names.append((d, "o"))
-        y = x.reshape(split_shape)
-        return np.ascontiguousarray(y.transpose([names.index(o) for o in self.order]))
+        return x.reshape(split_shape).transpose([names.index(o) for o in self.order])
 
     def is_identity(self) -> bool:
         return not self.blocks and [d for d, _ in self.order] == sorted(d for d, _ in self.order)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ...dynamic.symbolic import dim_axes, lower_symbolic, padded
 from ...errors import InputError
+from ...ops.operator import np_dtype
 from . import codegen
 from .lowering import CPULowering
 from .runtime import CPUArtifact, set_threads
@@ -85,53 +86,77 @@ class SymbolicCPUKernel(CPUArtifact):
 
 
 class Staging:
-    """Per-call arguments without allocations: one TVM tensor per staged free input (read by
-    the kernel as given: no layout or dtype change) and for the output, grown to the largest
-    value seen, and each value's arguments contiguous views of its first bytes in the padded
-    shape. A fresh 2048x3072 output tensor per call, and a copy of the input into a new one,
-    cost page faults the static artifact's resident tensors (`tsl.bound.Resident`) never pay."""
+    """Per-call arguments without allocations: one TVM tensor per free input (in the dtype
+    and layout the kernel reads) and for the output, grown to the largest value seen, and
+    each value's arguments contiguous views of its first bytes in the padded shape. An input
+    the kernel reads in another layout or dtype is padded into a NumPy buffer grown the same
+    way and converted into its tensor by one assignment. A fresh 2048x3072 output tensor per
+    call, and a copy of the input into a new one, cost page faults the static artifact's
+    resident tensors (`tsl.bound.Resident`) never pay; a packed operand copied into a new
+    tensor per call cost attention at s=1 0.1 ms, nine times its kernel."""
 
     def __init__(self, kernel: SymbolicCPUKernel, free: list[int]):
         self.kernel = kernel
-        ins = kernel.op.inputs
-        self.staged = [i for i in free if i not in kernel.ctx.layouts
-                       and kernel.ctx.input_dtype(i) == ins[i].dtype]
-        big = kernel.ctx.op.inputs  # the kernel's shapes: constant dims padded as recorded
-        self.slots = [(big[i].shape, kernel.in_dims[i], ins[i].dtype) for i in self.staged]
+        ins, big = kernel.op.inputs, kernel.ctx.op.inputs  # big: constant dims padded
+        self.free = list(free)
+        # per free input: (the kernel's layout, or None, and whether it needs a NumPy
+        # buffer: a layout or a dtype change between the caller's array and the kernel's)
+        self.convert = {i: (kernel.ctx.layouts.get(i), i in kernel.ctx.layouts
+                            or kernel.ctx.input_dtype(i) != ins[i].dtype) for i in free}
+        self.slots = [(big[i].shape, kernel.in_dims[i], kernel.ctx.input_dtype(i),
+                       self.convert[i][0]) for i in free]
         out = kernel.ctx.op.output
-        self.slots.append((out.shape, kernel.out_dims, out.dtype))
+        self.slots.append((out.shape, kernel.out_dims, out.dtype, None))
         self.bases: list = [None] * len(self.slots)
-        self.views: dict[tuple, tuple[list, list]] = {}
+        self.scratch: dict[int, np.ndarray] = {}  # free input -> its NumPy buffer
+        self.views: dict[tuple, tuple[list, list, dict]] = {}
 
-    def at(self, v: int) -> tuple[list, list]:
-        """(TVM views, NumPy views) of the staged inputs and the output at value v."""
+    def at(self, v: int) -> tuple[list, list, dict]:
+        """(TVM views, NumPy views) of the free inputs, in the kernel's layout, and the
+        output at value v, and {free input: its padded NumPy buffer} where it converts."""
         k = self.kernel
         key = tuple(padded(v, k.blocks[a]) for a in sorted(k.blocks))
         if key not in self.views:
-            shapes = [k._shape(shape, dims, v) for shape, dims, _ in self.slots]
-            for n, ((_, _, dtype), shape) in enumerate(zip(self.slots, shapes)):
-                size = int(np.prod(shape))
-                if self.bases[n] is None or self.bases[n].shape[0] < size:
-                    self.bases[n] = k.device_empty((size,), dtype)
+            shapes = [k._shape(shape, dims, v) for shape, dims, _, _ in self.slots]
+            stored = [lay.shape(sh) if lay else sh
+                      for (_, _, _, lay), sh in zip(self.slots, shapes)]
+            for n, ((_, _, dtype, _), shape) in enumerate(zip(self.slots, stored)):
+                if self.bases[n] is None or self.bases[n].shape[0] < int(np.prod(shape)):
+                    self.bases[n] = k.device_empty((int(np.prod(shape)),), dtype)
                     self.views.clear()  # views of the old tensor would keep it alive
-            tv = [b._create_view(shape) for b, shape in zip(self.bases, shapes)]
-            self.views[key] = (tv, [np.from_dlpack(t) for t in tv])
+            pads = {}
+            for i, shape in zip(self.free, shapes):
+                if self.convert[i][1]:
+                    size, dtype = int(np.prod(shape)), np_dtype(k.op.inputs[i].dtype)
+                    if i not in self.scratch or self.scratch[i].size < size:
+                        self.scratch[i] = np.empty(size, dtype)
+                        self.views.clear()
+                    pads[i] = self.scratch[i][:size].reshape(shape)
+            tv = [b._create_view(shape) for b, shape in zip(self.bases, stored)]
+            self.views[key] = (tv, [np.from_dlpack(t) for t in tv], pads)
         return self.views[key]
 
-    def stage(self, i: int, dst: np.ndarray, x: np.ndarray) -> None:
-        """Input i's x into the corner of dst, the rest of dst zero (padding the kernel
-        reads)."""
+    def stage(self, n: int, x: np.ndarray, views) -> np.ndarray:
+        """The n-th free input's x padded into its argument (zeros past x: padding the
+        kernel reads); returns it padded, as NumPy in the operator's dtype."""
+        i = self.free[n]
+        _, arrays, pads = views
+        dst = pads.get(i, arrays[n])
         if x.ndim != dst.ndim or any(a > b for a, b in zip(x.shape, dst.shape)):
             raise InputError(f"{self.kernel.op}: input {self.kernel.op.inputs[i].name} of "
                              f"shape {x.shape} does not fit the kernel's {dst.shape}")
-        dst[tuple(slice(0, n) for n in x.shape)] = x
-        for d, (n, m) in enumerate(zip(x.shape, dst.shape)):
-            if n < m:
-                dst[(slice(None),) * d + (slice(n, None),)] = 0
+        dst[tuple(slice(0, m) for m in x.shape)] = x
+        for d, (m, big) in enumerate(zip(x.shape, dst.shape)):
+            if m < big:
+                dst[(slice(None),) * d + (slice(m, None),)] = 0
+        if i in pads:
+            lay = self.convert[i][0]
+            arrays[n][...] = lay.view(dst) if lay else dst
+        return dst
 
 
 class SymbolicBound:
-    """Constants padded and packed once (as `tsl.bound.Bound`); the rest padded per call."""
+    """Constants padded and packed once (as `tsl.bound.Bound`); the rest staged per call."""
 
     def __init__(self, kernel: SymbolicCPUKernel, constants: dict):
         t0 = time.perf_counter()
@@ -156,17 +181,12 @@ class SymbolicBound:
         k = self.kernel
         full = dict(zip(self.free, arrays))
         v = k.value_of([full.get(i) for i in range(len(k.op.inputs))])
-        tv, nv = self.staging.at(v)
-        staged = dict(zip(self.staging.staged, zip(tv, nv)))
-        xs, packed = {}, dict(self.packed)
-        for i, x in full.items():
-            if i in staged:
-                self.staging.stage(i, staged[i][1], np.asarray(x))
-                xs[i], packed[i] = staged[i][1], staged[i][0]
-            else:
-                xs[i] = k._padded_to(i, np.asarray(x), v)
-                packed[i] = k._pack(i, xs[i])
+        views = self.staging.at(v)
+        packed, xs = dict(self.packed), {}
+        for n, i in enumerate(self.free):
+            xs[i] = self.staging.stage(n, np.asarray(full[i]), views)
+            packed[i] = views[0][n]
         comp = self.comp
         if comp is None:
             comp = k._compensation([{**self.padded, **xs}[i] for i in range(len(packed))])
-        return k.call([packed[i] for i in range(len(packed))] + comp, v, tv[-1])
+        return k.call([packed[i] for i in range(len(packed))] + comp, v, views[0][-1])
