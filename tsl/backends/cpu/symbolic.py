@@ -77,7 +77,7 @@ class SymbolicCPUKernel(CPUArtifact):
         dev = tvm.cpu(0)
         args = [tvm.runtime.tensor(x, dev) if isinstance(x, np.ndarray) else x for x in packed]
         args.append(out)
-        self.executable(*args, *[padded(v, self.blocks[a]) // self.blocks[a]
+        self.kernel()(*args, *[padded(v, self.blocks[a]) // self.blocks[a]
                                  for a in sorted(self.blocks)])
         # the operator's own extents: padded columns and rows cropped
         want = tuple(v if d in self.out_dims else n for d, n in enumerate(self.op.output.shape))
