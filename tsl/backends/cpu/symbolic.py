@@ -47,11 +47,15 @@ class SymbolicCPUKernel(CPUArtifact):
         return tuple(padded(v, self.blocks[dims[d]]) if d in dims else n
                      for d, n in enumerate(static))
 
-    def _padded_to(self, i: int, x: np.ndarray, v: int) -> np.ndarray:
-        want = self._shape(self.ctx.op.inputs[i].shape, self.in_dims[i], v)
+    def check_fits(self, i: int, x: np.ndarray, want: tuple) -> None:
+        """Input i's x must fit the kernel's padded shape `want` (no dim larger)."""
         if x.ndim != len(want) or any(a > b for a, b in zip(x.shape, want)):
             raise InputError(f"{self.op}: input {self.op.inputs[i].name} of shape {x.shape} "
-                             f"does not fit the kernel's {want}")
+                             f"does not fit the kernel's {tuple(want)}")
+
+    def _padded_to(self, i: int, x: np.ndarray, v: int) -> np.ndarray:
+        want = self._shape(self.ctx.op.inputs[i].shape, self.in_dims[i], v)
+        self.check_fits(i, x, want)
         return x if x.shape == want else np.pad(x, [(0, b - a) for a, b in zip(x.shape, want)])
 
     def value_of(self, arrays) -> int:
@@ -121,8 +125,9 @@ class Staging:
             stored = [lay.shape(sh) if lay else sh
                       for (_, _, _, lay), sh in zip(self.slots, shapes)]
             for n, ((_, _, dtype, _), shape) in enumerate(zip(self.slots, stored)):
-                if self.bases[n] is None or self.bases[n].shape[0] < int(np.prod(shape)):
-                    self.bases[n] = k.device_empty((int(np.prod(shape)),), dtype)
+                size = int(np.prod(shape))
+                if self.bases[n] is None or self.bases[n].shape[0] < size:
+                    self.bases[n] = k.device_empty((size,), dtype)
                     self.views.clear()  # views of the old tensor would keep it alive
             pads = {}
             for i, shape in zip(self.free, shapes):
@@ -142,9 +147,7 @@ class Staging:
         i = self.free[n]
         _, arrays, pads = views
         dst = pads.get(i, arrays[n])
-        if x.ndim != dst.ndim or any(a > b for a, b in zip(x.shape, dst.shape)):
-            raise InputError(f"{self.kernel.op}: input {self.kernel.op.inputs[i].name} of "
-                             f"shape {x.shape} does not fit the kernel's {dst.shape}")
+        self.kernel.check_fits(i, x, dst.shape)
         dst[tuple(slice(0, m) for m in x.shape)] = x
         for d, (m, big) in enumerate(zip(x.shape, dst.shape)):
             if m < big:
