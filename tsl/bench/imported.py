@@ -105,19 +105,29 @@ def median_call(fn, rounds: int) -> float:
 
 
 class _Profile:
-    """Per-symbol time of a Relax VM's calls (the VM instrument: before/after each call)."""
+    """Per-symbol time of a Relax VM's calls (the VM instrument: before/after each call), one
+    dict per run of the model; `median()` is each symbol's median over the runs."""
 
     def __init__(self):
-        self.total: dict[str, float] = {}
+        self.runs: list[dict[str, float]] = []
         self._t0 = 0.0
+
+    def next_run(self) -> None:
+        self.runs.append({})
 
     def __call__(self, _func, symbol, before, _ret, *_args):
         now = time.perf_counter()
+        if not self.runs:  # a warm-up call, before the first run
+            return 0
         if before:
             self._t0 = now
         else:
-            self.total[symbol] = self.total.get(symbol, 0.0) + now - self._t0
+            run = self.runs[-1]
+            run[symbol] = run.get(symbol, 0.0) + now - self._t0
         return 0
+
+    def median(self) -> dict[str, float]:
+        return {k: float(np.median([r.get(k, 0.0) for r in self.runs])) for k in self.runs[0]}
 
 
 def _library(name, frontend, work) -> Path:
@@ -160,11 +170,16 @@ def _party_tsl(name, frontend, work, rounds, profile) -> tuple[dict, np.ndarray]
         prof = _Profile()
         vm.set_instrument(tvm.runtime.convert(prof) if hasattr(tvm.runtime, "convert")
                           else prof)
-        n = max(3, rounds // 4)
-        with timing.exclusive():
-            for _ in range(n):
+        # Under the same lock and priority as the timed calls, after the same warm-up and
+        # settle pause: the instrumented runs are otherwise the timed ones.
+        call()
+        time.sleep(SETTLE_SECONDS)
+        with timing.exclusive(), timing.realtime():
+            call()
+            for _ in range(max(5, rounds // 2)):
+                prof.next_run()
                 call()
-        info["profile"] = {k: v / n for k, v in prof.total.items()}
+        info["profile"] = prof.median()
         # The rule that scheduled each non-kernel function: "window" is tsl's own vector-unit
         # schedule of depthwise / grouped convs and pooling, told apart from the glue.
         from tsl.relax.schedule_rest import rest_schedules
@@ -352,7 +367,9 @@ def format_profile(row, top: int = 12) -> str:
         return "tsl" if name.endswith("_tsl") else "win" if rules.get(name) == "window" else "tvm"
 
     ms = {k: sum(v for n, v in prof.items() if kind(n) == k) for k in ("tsl", "win", "tvm")}
-    lines = [f"{row['model']} ({row['frontend']}): {total:.2f} ms in VM calls; tsl GEMM/conv "
+    lines = [f"{row['model']} ({row['frontend']}): {total:.2f} ms in VM calls, each function's "
+             f"median over the instrumented runs (timed without the instrument: "
+             f"{row.get('tsl_ms') or 0:.2f} ms); tsl GEMM/conv "
              f"kernels {ms['tsl']:.2f} ms ({100 * ms['tsl'] / total:.0f}%), tsl window rule "
              f"(depthwise conv, pooling) {ms['win']:.2f} ms ({100 * ms['win'] / total:.0f}%), the "
              f"rest {ms['tvm']:.2f} ms ({100 * ms['tvm'] / total:.0f}%)"]
