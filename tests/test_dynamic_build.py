@@ -37,6 +37,13 @@ def test_bind_packs_the_weights_once_for_every_kernel():
                                    rtol=1e-4, atol=1e-4)
     with pytest.raises(InputError, match="follow m"):
         art.bind(A=x)
+    # a call's checks are made once per shape and dtype: bad inputs after good ones still fail
+    with pytest.raises(InputError, match="float32"):
+        f(x[:13].astype(np.float64))
+    with pytest.raises(InputError, match=r"\[1, 48\]"):
+        f(np.ones((49, 32), np.float32))
+    np.testing.assert_allclose(f(np.asfortranarray(x[:13])), fam.reference(x[:13], w, b, m=13),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_values_above_the_top_kernel_run_in_chunks(monkeypatch):

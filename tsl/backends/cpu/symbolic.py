@@ -70,24 +70,6 @@ class SymbolicCPUKernel(CPUArtifact):
     def bind(self, **constants) -> "SymbolicBound":
         return SymbolicBound(self, constants)
 
-    def call(self, packed: list, v: int, out) -> np.ndarray:
-        """One call at value `v` on `packed` arguments: NumPy arrays (copied in) or TVM
-        tensors (used as they are); `out`, a TVM tensor of the padded output's shape, takes
-        the result. A fresh NumPy array comes back."""
-        import tvm
-
-        self._runnable()
-        set_threads(self.machine.cores())
-        dev = tvm.cpu(0)
-        args = [tvm.runtime.tensor(x, dev) if isinstance(x, np.ndarray) else x for x in packed]
-        args.append(out)
-        self.kernel()(*args, *[padded(v, self.blocks[a]) // self.blocks[a]
-                                 for a in sorted(self.blocks)])
-        # the operator's own extents: padded columns and rows cropped
-        want = tuple(v if d in self.out_dims else n for d, n in enumerate(self.op.output.shape))
-        y = np.from_dlpack(args[-1])
-        return np.array(y[tuple(slice(0, w) for w in want)])
-
 
 class Staging:
     """Per-call arguments without allocations: one TVM tensor per free input (in the dtype
@@ -97,12 +79,16 @@ class Staging:
     way and converted into its tensor by one assignment. A fresh 2048x3072 output tensor per
     call, and a copy of the input into a new one, cost page faults the static artifact's
     resident tensors (`tsl.bound.Resident`) never pay; a packed operand copied into a new
-    tensor per call cost attention at s=1 0.1 ms, nine times its kernel."""
+    tensor per call cost attention at s=1 0.1 ms, nine times its kernel.
 
-    def __init__(self, kernel: SymbolicCPUKernel, free: list[int]):
+    Everything a value's call needs but its inputs' data (views, argument list, row counts,
+    the output's crop) is made on its first call (`Call`): the per-call Python it replaces
+    (shapes padded, views looked up, the argument list built) cost ~15 us on 35-100 us calls."""
+
+    def __init__(self, kernel: SymbolicCPUKernel, free: list[int], fixed: dict, comp):
         self.kernel = kernel
         ins, big = kernel.op.inputs, kernel.ctx.op.inputs  # big: constant dims padded
-        self.free = list(free)
+        self.free, self.fixed, self.comp = list(free), fixed, comp
         # per free input: (the kernel's layout, or None, and whether it needs a NumPy
         # buffer: a layout or a dtype change between the caller's array and the kernel's)
         self.convert = {i: (kernel.ctx.layouts.get(i), i in kernel.ctx.layouts
@@ -113,49 +99,103 @@ class Staging:
         self.slots.append((out.shape, kernel.out_dims, out.dtype, None))
         self.bases: list = [None] * len(self.slots)
         self.scratch: dict[int, np.ndarray] = {}  # free input -> its NumPy buffer
-        self.views: dict[tuple, tuple[list, list, dict]] = {}
+        self.calls: dict[int, Call] = {}
 
-    def at(self, v: int) -> tuple[list, list, dict]:
-        """(TVM views, NumPy views) of the free inputs, in the kernel's layout, and the
-        output at value v, and {free input: its padded NumPy buffer} where it converts."""
+    def at(self, v: int) -> "Call":
+        """Value v's call (made on first use)."""
+        c = self.calls.get(v)
+        if c is None:
+            c = self.calls[v] = self._make(v)
+        return c
+
+    def _make(self, v: int) -> "Call":
         k = self.kernel
-        key = tuple(padded(v, k.blocks[a]) for a in sorted(k.blocks))
-        if key not in self.views:
-            shapes = [k._shape(shape, dims, v) for shape, dims, _, _ in self.slots]
-            stored = [lay.shape(sh) if lay else sh
-                      for (_, _, _, lay), sh in zip(self.slots, shapes)]
-            for n, ((_, _, dtype, _), shape) in enumerate(zip(self.slots, stored)):
-                size = int(np.prod(shape))
-                if self.bases[n] is None or self.bases[n].shape[0] < size:
-                    self.bases[n] = k.device_empty((size,), dtype)
-                    self.views.clear()  # views of the old tensor would keep it alive
-            pads = {}
-            for i, shape in zip(self.free, shapes):
-                if self.convert[i][1]:
-                    size, dtype = int(np.prod(shape)), np_dtype(k.op.inputs[i].dtype)
-                    if i not in self.scratch or self.scratch[i].size < size:
-                        self.scratch[i] = np.empty(size, dtype)
-                        self.views.clear()
-                    pads[i] = self.scratch[i][:size].reshape(shape)
-            tv = [b._create_view(shape) for b, shape in zip(self.bases, stored)]
-            self.views[key] = (tv, [np.from_dlpack(t) for t in tv], pads)
-        return self.views[key]
-
-    def stage(self, n: int, x: np.ndarray, views) -> np.ndarray:
-        """The n-th free input's x padded into its argument (zeros past x: padding the
-        kernel reads); returns it padded, as NumPy in the operator's dtype."""
-        i = self.free[n]
-        _, arrays, pads = views
-        dst = pads.get(i, arrays[n])
-        self.kernel.check_fits(i, x, dst.shape)
-        dst[tuple(slice(0, m) for m in x.shape)] = x
-        for d, (m, big) in enumerate(zip(x.shape, dst.shape)):
-            if m < big:
-                dst[(slice(None),) * d + (slice(m, None),)] = 0
-        if i in pads:
+        k._runnable()
+        set_threads(k.machine.cores())
+        shapes = [k._shape(shape, dims, v) for shape, dims, _, _ in self.slots]
+        stored = [lay.shape(sh) if lay else sh
+                  for (_, _, _, lay), sh in zip(self.slots, shapes)]
+        for n, ((_, _, dtype, _), shape) in enumerate(zip(self.slots, stored)):
+            size = int(np.prod(shape))
+            if self.bases[n] is None or self.bases[n].shape[0] < size:
+                self.bases[n] = k.device_empty((size,), dtype)
+                self.calls.clear()  # views of the old tensor would keep it alive
+        pads = {}
+        for i, shape in zip(self.free, shapes):
+            if self.convert[i][1]:
+                size, dtype = int(np.prod(shape)), np_dtype(k.op.inputs[i].dtype)
+                if i not in self.scratch or self.scratch[i].size < size:
+                    self.scratch[i] = np.empty(size, dtype)
+                    self.calls.clear()
+                pads[i] = self.scratch[i][:size].reshape(shape)
+        tv = [b._create_view(shape) for b, shape in zip(self.bases, stored)]
+        arrays = [np.from_dlpack(t) for t in tv]
+        inputs = []
+        for n, i in enumerate(self.free):
             lay = self.convert[i][0]
-            arrays[n][...] = lay.view(dst) if lay else dst
-        return dst
+            dst = pads.get(i, arrays[n])
+            given = tuple(v if d in k.in_dims[i] else m
+                          for d, m in enumerate(k.op.inputs[i].shape))
+            into = (arrays[n], lay.view(dst) if lay else dst) if i in pads else None
+            inputs.append(Fill(i, given, dst, into))
+        tensors = dict(self.fixed) | {i: tv[n] for n, i in enumerate(self.free)}
+        # a free B's compensation: a slot its call fills (`Call.comp_at`)
+        comp = [None] if self.comp is None else list(self.comp)
+        args = [tensors[i] for i in range(len(tensors))] + comp
+        want = tuple(v if d in k.out_dims else n for d, n in enumerate(k.op.output.shape))
+        counts = [padded(v, k.blocks[a]) // k.blocks[a] for a in sorted(k.blocks)]
+        return Call(k, inputs, args + [tv[-1]] + counts,
+                    arrays[-1][tuple(slice(0, w) for w in want)], self.comp is None)
+
+
+class Fill:
+    """A free input's staging at one value: x (of shape `given`) into the kernel's padded
+    buffer `dst`, zeros past it (padding the kernel reads), and where the kernel reads
+    another layout or dtype, `into` = (its tensor's view, dst in that layout) assigned."""
+
+    def __init__(self, i: int, given: tuple, dst: np.ndarray, into):
+        self.i, self.given, self.dst, self.into = i, given, dst, into
+        self.region = tuple(slice(0, m) for m in given)
+        self.past = [(slice(None),) * d + (slice(m, None),)
+                     for d, (m, big) in enumerate(zip(given, dst.shape)) if m < big]
+
+    def __call__(self, x: np.ndarray) -> None:
+        self.dst[self.region] = x
+        for z in self.past:
+            self.dst[z] = 0
+        if self.into is not None:
+            self.into[0][...] = self.into[1]
+
+
+class Call:
+    """One value's kernel call: the inputs staged, the linked kernel called on the prepared
+    argument list, the output cropped into a fresh NumPy array."""
+
+    def __init__(self, kernel, inputs: list[Fill], args: list, out: np.ndarray,
+                 comp_per_call: bool):
+        self.kernel, self.inputs, self.args, self.out = kernel, inputs, args, out
+        self.fn = kernel.kernel()
+        # the unsigned-A compensation of a free B, computed from it per call (its slot
+        # follows the tensors)
+        self.comp_at = len(kernel.op.inputs) if comp_per_call else None
+
+    def check(self, arrays) -> None:
+        """Each x must have its input's shape at this value (`Fill.given`)."""
+        for f, x in zip(self.inputs, arrays):
+            if x.shape != f.given:
+                raise InputError(f"{self.kernel.op}: input {self.kernel.op.inputs[f.i].name} "
+                                 f"of shape {x.shape} does not match the kernel's {f.given} "
+                                 f"at this value")
+
+    def __call__(self, arrays, padded_constants: dict) -> np.ndarray:
+        for f, x in zip(self.inputs, arrays):
+            f(x)
+        if self.comp_at is not None:
+            xs = padded_constants | {f.i: f.dst for f in self.inputs}
+            (c,) = self.kernel._compensation([xs[i] for i in range(len(xs))])
+            self.args[self.comp_at] = self.kernel.device_tensor(c)
+        self.fn(*self.args)
+        return np.array(self.out)
 
 
 class SymbolicBound:
@@ -170,26 +210,27 @@ class SymbolicBound:
         self.padded = {i: kernel._padded_to(i, x, 0) for i, x in idx.items()}
         # Packed constants live as TVM tensors from here on: copying a 3072x768 weight into a
         # new tensor on every call cost 1.5 ms, eight times the kernel at M = 1.
-        self.packed = {i: kernel.device_tensor(kernel._pack(i, x))
-                       for i, x in self.padded.items()}
+        packed = {i: kernel.device_tensor(kernel._pack(i, x)) for i, x in self.padded.items()}
         self.free = [i for i in range(len(ins)) if i not in idx]
-        self.comp = None
-        if kernel.ctx.unsigned_a and kernel.ctx.input_index("B") in self.padded:
-            self.comp = [kernel.device_tensor(c) for c in kernel._compensation(
+        comp = None
+        if not kernel.ctx.unsigned_a:
+            comp = []
+        elif kernel.ctx.input_index("B") in self.padded:
+            comp = [kernel.device_tensor(c) for c in kernel._compensation(
                 [self.padded.get(i) for i in range(len(ins))])]
-        self.staging = Staging(kernel, self.free)
+        self.staging = Staging(kernel, self.free, packed, comp)
         self.prep_seconds = time.perf_counter() - t0
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        """The free inputs at any value (each shape checked against the value the first
+        input that follows the symbol gives)."""
         k = self.kernel
-        full = dict(zip(self.free, arrays))
-        v = k.value_of([full.get(i) for i in range(len(k.op.inputs))])
-        views = self.staging.at(v)
-        packed, xs = dict(self.packed), {}
-        for n, i in enumerate(self.free):
-            xs[i] = self.staging.stage(n, np.asarray(full[i]), views)
-            packed[i] = views[0][n]
-        comp = self.comp
-        if comp is None:
-            comp = k._compensation([{**self.padded, **xs}[i] for i in range(len(packed))])
-        return k.call([packed[i] for i in range(len(packed))] + comp, v, views[0][-1])
+        xs = [np.asarray(x) for x in arrays]
+        full = dict(zip(self.free, xs))
+        c = self.staging.at(k.value_of([full.get(i) for i in range(len(k.op.inputs))]))
+        c.check(xs)
+        return c(xs, self.padded)
+
+    def run_at(self, v: int, arrays: list) -> np.ndarray:
+        """The call at value v on free inputs the caller checked (`DynamicBound`)."""
+        return self.staging.at(v)(arrays, self.padded)
