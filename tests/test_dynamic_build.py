@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import tsl
+import wmma_emulator
 from tsl.dynamic import plan
 from tsl.dynamic.shape import dims_of
 from tsl.errors import InputError, ScheduleError
@@ -179,6 +180,36 @@ def test_the_same_family_builds_on_tpu_bucketed():
     assert art.target == "tpu"
     for m in (1, 17, 40):
         ok, err = art.verify(m=m)
+        assert ok, (m, err)
+
+
+@pytest.mark.skipif(not wmma_emulator.available(), reason="g++ not found (the CUDA kernels "
+                    "are run by tests/wmma_emulator.py on the CPU)")
+def test_the_same_family_builds_for_tensor_cores_and_its_plan_runs_emulated():
+    """Tensor Cores: one kernel per rung (its grid follows the rung's M), each passing ptxas's
+    checks where nvcc is, and the family's plan at values between rungs -- inputs padded to
+    the rung, output cropped -- with every kernel run by the CUDA emulator, against NumPy."""
+    from tsl.backends.cuda_tensorcore import codegen
+
+    fam = tsl.ops.dense(sym("m", upper=32), 64, 32, dtype="float16", acc_dtype="float32")
+    art = tsl.build(fam, "tensorcore-sm80")
+    used = sorted(art.table.used())
+    grids = {art.kernels[n].artifact.kernel.grid for n in used}
+    assert len(used) > 1 and len(grids) > 1  # the grid follows the rung's M
+    if codegen.nvcc() is not None:
+        for n in used:
+            ok, summary = art.kernels[n].artifact.check("sm_80")
+            assert ok, (art.kernels[n].value, summary)
+
+    def emulated(k, xs):
+        ka = art.kernels[k].artifact
+        return ka.op.crop_output(wmma_emulator.execute(ka, ka.prepare(xs)))
+
+    for m in (1, 17, 30):
+        op = art.op_at(m)
+        xs = op.random_inputs(m)
+        assert art.kernels[art.pieces(m)[0][0]].value >= m
+        ok, err = op.check(art._run(list(xs), range(len(xs)), emulated), op.reference(*xs))
         assert ok, (m, err)
 
 
