@@ -16,6 +16,7 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 def attempt(op, picks):
     space = tsl.schedule(op, "cpu").space
+    assert len(space) <= len(picks), f"PICKS draws {len(picks)} values for {len(space)} knobs"
     knobs = {name: (choices[picks[n] % len(choices)] if picks[n] >= 0 else 1000)
              for n, (name, choices) in enumerate(sorted(space.items()))}
     try:
@@ -26,7 +27,7 @@ def attempt(op, picks):
     assert ok, f"{op} with {knobs}: wrong answer (error {err})"
 
 
-PICKS = st.lists(st.integers(-1, 20), min_size=8, max_size=8)
+PICKS = st.lists(st.integers(-1, 20), min_size=12, max_size=12)  # one per knob, at most
 
 
 @settings(max_examples=14, **SETTINGS)

@@ -198,20 +198,25 @@ def cache_reuse(s: Schedule, st: Stage, lv: MemoryLevel | None = None) -> tuple[
     is copied: a line comes in when it is touched and stays while the data touched since
     fits, so the tile is reloaded only under the outermost loop whose working set (every
     operand the level holds) still fits the level; loops it does not depend on inside that
-    one reuse it for free."""
+    one reuse it for free. A fused loop counts as the loops it was made of: its inner parts
+    run consecutively on a core (a parallel loop hands each core a contiguous run), so a
+    tile reused across them is reused there too."""
     lv = lv or st.level
     nominal = s.loops.index(st.at) + 1
     held = [(o, dtype_bytes(_dtype(s, o))) for o in lv.holds
             if o != "C" or any(x.operand == "C" for x in s.stages)]
     ext = _ext_from(s, nominal)
-    pos, fit = nominal, dict(ext)
-    for p in range(nominal - 1, -1, -1):  # one loop more around the tile each time
-        for part in s.loops[p].parts or (s.loops[p],):
-            ext[part.axes[0]] *= part.extent
+    parts = [(p, n, part) for p, lp in enumerate(s.loops[:nominal])
+             for n, part in enumerate(lp.parts or (lp,))]
+    k, fit = len(parts), dict(ext)
+    for i in range(len(parts) - 1, -1, -1):  # one loop (or part) more around the tile each time
+        ext[parts[i][2].axes[0]] *= parts[i][2].extent
         if sum(s.op.footprint(o, ext) * b for o, b in held) > lv.capacity:
             break
-        pos, fit = p, dict(ext)
-    fills = math.prod(lp.extent for lp in s.loops[:pos])
+        k, fit = i, dict(ext)
+    fills = math.prod(part.extent for _, _, part in parts[:k])
+    # The loop just outside the fit: a fused loop cut inside counts as outside.
+    pos = nominal if k == len(parts) else parts[k][0] + (parts[k][1] > 0)
     nbytes = s.op.footprint(st.operand, fit) * dtype_bytes(st.dtype)
     return fills, math.ceil(max(nbytes, line_bytes(s, st, lv, fit, pos)))
 

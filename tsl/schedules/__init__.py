@@ -144,15 +144,19 @@ def schedule_conv2d(s: Schedule) -> None:
     # reduce_rows: the h_inner rows of the accumulator tile share one pass over the reduction
     # (one load of each weight tile for all rows, as VTA's classic schedule does) instead of
     # one pass per row.
+    # outer: which block loop goes outermost -- row blocks ("oh": each row block passes over
+    # every channel block's weights) or channel blocks ("co": a block's weights stay cached
+    # while every row block uses them, for layers whose weights outgrow the caches).
+    blocks = [oh0, co0] if s.knob("outer", ("oh", "co")) == "oh" else [co0, oh0]
     if s.knob("reduce_rows", (False, True)):
-        s.reorder(n, oh0, co0, ow0, co1, ci0, r, w, ci1, oh1, ow1, co2, ow2, co3, ci2)
+        s.reorder(n, *blocks, ow0, co1, ci0, r, w, ci1, oh1, ow1, co2, ow2, co3, ci2)
     else:
-        s.reorder(n, oh0, co0, ow0, co1, oh1, ci0, r, w, ci1, ow1, co2, ow2, co3, ci2)
+        s.reorder(n, *blocks, ow0, co1, oh1, ci0, r, w, ci1, ow1, co2, ow2, co3, ci2)
     # parallel_axes: which output-block loops are spread over the "core" level: all of them
     # fused, or only the channel or only the row blocks (VTA's classic oc_nthread / h_nthread
     # virtual threads).
     axes = s.knob("parallel_axes", ("n_oh_co", "co", "oh"))
-    s.parallel({"n_oh_co": [n, oh0, co0], "co": [co0], "oh": [oh0]}[axes], "core")
+    s.parallel({"n_oh_co": [n, *blocks], "co": [co0], "oh": [oh0]}[axes], "core")
     _stage_and_map(s, [ow0, co1], ci0, ci1, ow2, stages)
 
 

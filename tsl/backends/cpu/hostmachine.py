@@ -15,7 +15,8 @@ from ...tam.loader import load
 from ...tam.machine import Machine
 from ...tam.writer import dumps
 from . import host, rates
-from .probe import SAMPLE_SECONDS, SAMPLES, clock_hz, primitive_rate, signature
+from .probe import (SAMPLE_SECONDS, SAMPLES, clock_hz, fill_rate, filled_level,
+                    primitive_rate, signature)
 
 
 def detect(probe: bool | None = None) -> Machine:
@@ -47,8 +48,10 @@ def probe_file(name: str | None = None) -> tuple[Machine, str]:
     measured figure replacing the file's, written so that it loads back as it is."""
     base = detect(probe=False)
     h = host.info()
+    filled, fill = filled_level(base), fill_rate(base)
     measured = rates.Measurement(clock_hz(base), {signature(p): primitive_rate(base, p)
-                                                  for p in base.primitives})
+                                                  for p in base.primitives},
+                                 {filled.name: fill} if fill is not None else {})
     m = rates.apply(base, measured, tolerance=0.0)
     m = dataclasses.replace(m, name=name or f"{base.name}-probed", notes=(),
                             description=f"{h.model or h.llvm_cpu}, measured by tsl probe",
@@ -82,5 +85,7 @@ def _header(m: Machine, base: Machine, h, measured) -> str:
          f"instruction, best of {SAMPLES} samples of {SAMPLE_SECONDS * 1e3:g} ms:"]
         + [f"  {n}: {r / 1e9:.2f} GMAC/s per core = {r / clock:.2f} MACs/cycle"
            for n, r in rate.items()]
+        + [f"{n} bandwidth: {r / 1e9:.1f} GB/s per core = {r / clock:.2f} bytes/cycle from its "
+           f"parent, every core streaming its own buffer at once" for n, r in measured.fills.items()]
         + ["Not modelled: frequency changes under load, memory bandwidth contention, "
            "SMT."])

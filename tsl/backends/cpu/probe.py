@@ -1,4 +1,5 @@
-"""Measuring this host: each tensor primitive's throughput and the core clock.
+"""Measuring this host: each tensor primitive's throughput, the core clock, and the rate a
+core's cache fills from the shared cache above it.
 
 A primitive's rate is timed on one core with a register-only loop of independent accumulator
 chains of the primitive's own instruction (the chains outnumber its latency, so the loop is
@@ -10,6 +11,12 @@ OS's "cpu MHz" under a hypervisor is often the TSC's, not the clock the core run
 best of many short samples is kept: a busy host only slows a loop down, so a probe can
 under-read, never over-read.
 
+The fill rate is timed with every core streaming its own buffer, several times its private
+cache (L2) and well inside its share of the shared one (L3), through vector loads into
+independent sums: what a tile refilled from the L3 costs while the other cores do the same
+(a mesh L3 feeds a core far below its L2's own rate: ~10 bytes per cycle on an Intel Xeon
+under KVM against the 64 a file would assume).
+
 What `target="cpu"` uses is the cached measurement (`tsl.backends.cpu.rates`); `python -m
 tsl.backends.cpu probe` writes the measured machine as a file (`hostmachine.probe_file`).
 """
@@ -18,7 +25,7 @@ from __future__ import annotations
 
 import time
 
-from ...tam.machine import Machine, TensorPrimitive, dtype_bytes
+from ...tam.machine import Machine, MemoryLevel, TensorPrimitive, dtype_bytes
 
 CLOCK_OPS = 2  # one-cycle operations per iteration of the clock chain (xor, add)
 # Many short samples, the best kept: on a host whose cores other processes share, a sample
@@ -110,9 +117,10 @@ def _clock_kernel():
     return f
 
 
-def _best_time(m: Machine, f, x, out_len: int, dtype: str) -> tuple[float, int]:
+def _best_time(m: Machine, f, x, out_len: int, dtype: str,
+               iters: int = 1 << 10) -> tuple[float, int]:
     """(best seconds of SAMPLES calls, iterations per call) of kernel `f` compiled for `m`,
-    the iteration count grown until one call takes about SAMPLE_SECONDS."""
+    the iteration count grown from `iters` until one call takes about SAMPLE_SECONDS."""
     import tvm
 
     from ...timing import realtime
@@ -124,7 +132,6 @@ def _best_time(m: Machine, f, x, out_len: int, dtype: str) -> tuple[float, int]:
     dev = tvm.cpu(0)
     xs = tvm.runtime.tensor(x, dev)
     out = tvm.runtime.empty((out_len,), dtype, dev)
-    iters = 1 << 10
     while True:
         t = _timed(fn, xs, out, iters)
         if t > SAMPLE_SECONDS or iters > 1 << 30:
@@ -160,3 +167,63 @@ def clock_hz(m: Machine) -> float:
     best, iters = _best_time(m, _clock_kernel(), np.array([0x5bd1e995, 7], "int32"), 1,
                              "int32")
     return CLOCK_OPS * iters / best
+
+
+# Independent running sums of the fill-rate kernel (the loads, not the adds' latency, bound it).
+STREAM_SUMS = 8
+
+
+def filled_level(m: Machine) -> MemoryLevel | None:
+    """The per-core cache whose parent is a cache the cores share (L2 under an L3): the level
+    whose `bandwidth` (bytes per cycle from its parent) `fill_rate` measures; None if none."""
+    for lv in m.memory:
+        parent = m.memory_level(lv.parent) if lv.parent else None
+        if parent is not None and not lv.managed and not parent.managed and \
+                lv.per is not None and parent.per is None:
+            return lv
+    return None
+
+
+def _stream_kernel(cores: int, n: int, lanes: int):
+    """A PrimFunc(x, out, iters): each of `cores` parallel tasks sums its own n floats of x
+    `iters` times over, in STREAM_SUMS vectors of `lanes`."""
+    from tvm.script import tirx as T
+
+    vec, width = f"float32x{lanes}", STREAM_SUMS * lanes
+
+    @T.prim_func
+    def f(x: T.Buffer((cores * n,), "float32"), out: T.Buffer((cores * width,), "float32"),
+          iters: T.int32):
+        for c in T.parallel(cores):
+            acc = T.alloc_buffer((width,), "float32", scope="local")
+            for j in T.unroll(STREAM_SUMS):
+                acc[T.ramp(j * lanes, 1, lanes)] = x.vload([c * n + j * lanes], vec)
+            for _ in range(iters):
+                for i in range(n // width):
+                    for j in T.unroll(STREAM_SUMS):
+                        acc[T.ramp(j * lanes, 1, lanes)] = acc.vload([j * lanes], vec) + \
+                            x.vload([c * n + i * width + j * lanes], vec)
+            for j in T.unroll(STREAM_SUMS):
+                out[T.ramp(c * width + j * lanes, 1, lanes)] = acc.vload([j * lanes], vec)
+    return f
+
+
+def fill_rate(m: Machine) -> float | None:
+    """Bytes per second one core reads from the shared cache into `filled_level(m)` while
+    every core does the same; None where m has no such level or its share of the shared
+    cache is not a few times the private one (nothing to measure apart from DRAM)."""
+    import numpy as np
+
+    lv = filled_level(m)
+    if lv is None:
+        return None
+    cores = m.cores()
+    # Four times the private cache, at most a quarter of each core's share of the shared one.
+    nbytes = min(4 * lv.capacity, m.memory_level(lv.parent).capacity // (4 * cores))
+    if nbytes < 2 * lv.capacity:
+        return None
+    lanes = max(p.n for p in m.primitives if acc_dtype(p) == "float32")
+    n = nbytes // 4 // (STREAM_SUMS * lanes) * (STREAM_SUMS * lanes)
+    best, iters = _best_time(m, _stream_kernel(cores, n, lanes), np.ones(cores * n, "float32"),
+                             cores * STREAM_SUMS * lanes, "float32", iters=1)
+    return 4 * n * iters / best

@@ -12,7 +12,9 @@ In order, each replacing the one before where it knows more:
    `$TSL_CACHE_DIR/host-<hash>.json` (default `~/.cache/tsl`), keyed by the CPU's model, vendor,
    family, features and core count, tsl's installed version and the probe's own source, so a
    change of any measures again: the clock and each primitive's rate replace the figures above
-   where they differ by more than `TOLERANCE` (`provenance` "probed"). `TSL_PROBE=0` skips it.
+   where they differ by more than `TOLERANCE` (`provenance` "probed"), and so does the rate a
+   core's cache fills from the shared cache (`probe.fill_rate`: the `bandwidth` of the level
+   `probe.filled_level` names). `TSL_PROBE=0` skips it.
 
 A user's own machine file (a path, not a built-in name) keeps its figures as written.
 """
@@ -44,10 +46,12 @@ _MEMO: dict[Path, "Measurement"] = {}
 
 @dataclass(frozen=True)
 class Measurement:
-    """This host's clock (Hz) and MACs per second on one core per primitive `signature`."""
+    """This host's clock (Hz), MACs per second on one core per primitive `signature`, and
+    bytes per second one core's cache level fills from the shared cache, per level name."""
 
     clock_hz: float
     rates: dict[str, float] = field(default_factory=dict)
+    fills: dict[str, float] = field(default_factory=dict)
 
 
 def cache_dir() -> Path:
@@ -79,13 +83,14 @@ def _read(path: Path, key: dict) -> Measurement | None:
         doc = json.loads(path.read_text())
         if doc.get("key") != key:  # a hash collision or a hand-edited file: measure again
             return None
-        return Measurement(float(doc["clock_hz"]), {k: float(v) for k, v in doc["rates"].items()})
+        return Measurement(float(doc["clock_hz"]), {k: float(v) for k, v in doc["rates"].items()},
+                           {k: float(v) for k, v in doc["fills"].items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def _write(path: Path, key: dict, meas: Measurement, seconds: float) -> None:
-    doc = {"key": key, "clock_hz": meas.clock_hz, "rates": meas.rates,
+    doc = {"key": key, "clock_hz": meas.clock_hz, "rates": meas.rates, "fills": meas.fills,
            "measured": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "probe_seconds": round(seconds, 2)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -99,7 +104,9 @@ def measured(m: Machine, h, refresh: bool = False) -> tuple[Measurement, Path]:
     path, key = cache_path(h), host_key(h)
     have = None if refresh else (_MEMO.get(path) or _read(path, key))
     need = {probe_mod.signature(p): p for p in m.primitives}
-    if have is not None and not set(need) - set(have.rates):
+    filled = probe_mod.filled_level(m)
+    fill_needed = filled is not None and (have is None or filled.name not in have.fills)
+    if have is not None and not set(need) - set(have.rates) and not fill_needed:
         _MEMO[path] = have
         return have, path
     t0 = time.perf_counter()
@@ -108,7 +115,12 @@ def measured(m: Machine, h, refresh: bool = False) -> tuple[Measurement, Path]:
     for sig, p in need.items():
         if sig not in rates:
             rates[sig] = probe_mod.primitive_rate(m, p)
-    meas = Measurement(clock, rates)
+    fills = dict(have.fills) if have else {}
+    if fill_needed:
+        rate = probe_mod.fill_rate(m)
+        if rate is not None:
+            fills[filled.name] = rate
+    meas = Measurement(clock, rates, fills)
     try:
         _write(path, key, meas, time.perf_counter() - t0)
     except OSError:
@@ -137,6 +149,7 @@ def apply(m: Machine, meas: Measurement, tolerance: float = TOLERANCE,
         else:  # the file's rate stands, per second; per cycle it follows the clock
             r = p.macs_per_cycle * m.clock_hz
         prims.append(dataclasses.replace(p, macs_per_cycle=round(r / clock, 2)))
+    memory = tuple(_filled(lv, meas, clock, tolerance, said) for lv in m.memory)
     if not said:
         return dataclasses.replace(m, provenance="built-in", notes=m.notes + (
             f"{label}: within {tolerance:.0%} of the file's clock and rates; kept them",))
@@ -146,7 +159,18 @@ def apply(m: Machine, meas: Measurement, tolerance: float = TOLERANCE,
         best = max(p.macs_per_cycle for p in prims if d in _dtypes(p))
         peaks[d] = float(f"{2 * cores * clock * best:.4g}")  # a MAC is two operations
     return dataclasses.replace(m, clock_hz=clock, primitives=tuple(prims), peaks=peaks,
-                               provenance=label, notes=m.notes + (f"{label}: " + ", ".join(said),))
+                               memory=memory, provenance=label,
+                               notes=m.notes + (f"{label}: " + ", ".join(said),))
+
+
+def _filled(lv, meas: Measurement, clock: float, tolerance: float, said: list):
+    """Level `lv` with the measured fill rate as its bandwidth (bytes per cycle at `clock`)
+    where one was measured and is off the file's by more than `tolerance`; `said` gets why."""
+    rate = meas.fills.get(lv.name)
+    if rate is None or not _off(rate / clock, lv.bandwidth, tolerance):
+        return lv
+    said.append(f"{lv.name} fill {rate / clock:.3g} bytes/cycle (file {lv.bandwidth:g})")
+    return dataclasses.replace(lv, bandwidth=round(rate / clock, 2))
 
 
 def _dtypes(p) -> set[str]:
