@@ -124,6 +124,26 @@ def test_a_cache_moves_whole_lines_unless_the_next_fill_reads_on_along_them():
     assert got["NCHW"][1] == 14 * 64  # the 14 rows of the input (the 15th is padding)
 
 
+def test_a_tile_reused_across_the_inner_part_of_a_fused_loop_is_filled_once_per_outer_part():
+    """ResNet-18's 512x7x7 3x3 conv, every block loop fused into the parallel loop (n, then
+    row and channel blocks in the order `outer` gives): a core runs consecutive iterations, so
+    with the channel blocks outermost each block's weights (590 KB) stay in the 2 MiB L2 over
+    the 7 rows -- 16 fills, not one per iteration of the fused loop (112) -- and the model
+    prices that order below the one that streams the weights once per row."""
+    m = tsl.load_machine("x86-avx512")
+    op = tsl.ops.conv2d(1, 512, 7, 7, 512, 3, 3, padding=1)
+    knobs = dict(ci_inner=1, co_inner=2, co_outer=1, h_inner=1, parallel_axes="n_oh_co",
+                 reduce_rows=True, stages=1, w_inner=7)
+    fills, seconds = {}, {}
+    for outer in ("oh", "co"):
+        s = tsl.schedule(op, m, knobs=dict(knobs, outer=outer))
+        b = next(st for st in s.stages if st.operand == "B" and st.level.name == "l2")
+        fills[outer] = model.cost.cache_reuse(s, b)
+        seconds[outer] = model.evaluate(s).seconds
+    assert fills["co"] == (16, 512 * 9 * 32 * 4) and fills["oh"] == (16 * 7, 512 * 9 * 32 * 4)
+    assert seconds["co"] < seconds["oh"]
+
+
 def test_one_estimate_type_on_every_back_end():
     op = tsl.ops.matmul(128, 128, 128, dtype="int8")
     vta_est = tsl.build(tsl.ops.dense(4, 64, 32, dtype="int8", epilogue=EP), "vta").estimate()

@@ -25,7 +25,7 @@ def cache(tmp_path, monkeypatch):
 @pytest.fixture
 def fake_probe(monkeypatch):
     """Measurements without timing: 4 GHz, every primitive at twice its file's MACs/cycle at
-    that clock; `calls` counts what was measured."""
+    that clock, the L3 -> L2 fill at 8 bytes per cycle; `calls` counts what was measured."""
     calls = []
 
     def rate(m, p):
@@ -34,6 +34,7 @@ def fake_probe(monkeypatch):
 
     monkeypatch.setattr(probe, "clock_hz", lambda m: calls.append("clock") or 4e9)
     monkeypatch.setattr(probe, "primitive_rate", rate)
+    monkeypatch.setattr(probe, "fill_rate", lambda m: calls.append("fill") or 8 * 4e9)
     return calls
 
 
@@ -44,6 +45,9 @@ def test_first_use_probes_and_caches_then_reads_the_cache(cache, fake_probe):
     base = detect(probe=False)
     for p, q in zip(m.primitives, base.primitives):
         assert p.macs_per_cycle == pytest.approx(2 * q.macs_per_cycle, rel=0.01)
+    filled = probe.filled_level(m)
+    if filled is not None:  # a host whose cores share an L3
+        assert "fill" in fake_probe and m.memory_level(filled.name).bandwidth == 8
     f32 = max(p.macs_per_cycle for p in m.primitives if p.a_dtype == "float32")
     assert m.peak("float32") == pytest.approx(2 * m.cores() * 4e9 * f32, rel=1e-3)
     [path] = cache.glob("host-*.json")
@@ -89,10 +93,28 @@ def test_rates_within_the_tolerance_keep_the_files():
     far = rates.Measurement(m.clock_hz, {probe.signature(m.primitives[0]):
                                          m.primitives[0].macs_per_cycle * m.clock_hz * 1.5})
     moved = rates.apply(m, far)
-    assert moved.provenance == "probed"
+    assert moved.provenance == "probed" and moved.memory == m.memory
     for p, q in zip(moved.primitives, m.primitives):  # primitives of one instruction move
         same = probe.signature(q) == probe.signature(m.primitives[0])
         assert p.macs_per_cycle == pytest.approx(q.macs_per_cycle * (1.5 if same else 1))
+
+
+def test_a_measured_fill_rate_is_the_filled_levels_bandwidth_beyond_the_tolerance():
+    """x86-avx512's L2 fills from the shared L3: a probe within 10% of the file's bytes per
+    cycle keeps it, one further off replaces that level's bandwidth and nothing else's."""
+    m = tsl.load_machine("x86-avx512")
+    lv = probe.filled_level(m)
+    assert lv is not None and lv.name == "l2"
+    sigs = {probe.signature(p): p.macs_per_cycle * m.clock_hz for p in m.primitives}
+    near = rates.apply(m, rates.Measurement(m.clock_hz, sigs, {"l2": lv.bandwidth * 1.05 *
+                                                              m.clock_hz}))
+    assert near.memory == m.memory and near.provenance == "built-in"
+    far = rates.apply(m, rates.Measurement(m.clock_hz, sigs, {"l2": 25.0 * m.clock_hz}))
+    assert far.memory_level("l2").bandwidth == 25.0 and far.provenance == "probed"
+    assert [lv for lv in far.memory if lv.name != "l2"] == \
+        [lv for lv in m.memory if lv.name != "l2"]
+    assert any("l2 fill 25" in n for n in far.notes)
+    assert probe.filled_level(tsl.load_machine("aarch64-neon")) is None  # no shared L3 there
 
 
 def amd(family, model, **kw):
@@ -154,6 +176,9 @@ def test_the_real_probe_measures_this_host(cache):
     assert 0.5e9 < clock < 8e9  # a dependent one-cycle chain runs at about the core clock
     p = m.primitive("float32")
     assert probe.primitive_rate(m, p) > 0.1 * p.macs_per_cycle * clock
+    if probe.filled_level(m) is not None:
+        # Streaming reads: at least a byte per cycle, at most a few cache lines per cycle.
+        assert clock < probe.fill_rate(m) < 256 * clock
 
 
 def test_no_bench_row_prints_more_than_100_percent_of_peak(cache, monkeypatch):
