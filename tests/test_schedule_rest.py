@@ -196,10 +196,12 @@ def _torch_window(op, stride, x, w, b):
 
 @pytest.mark.parametrize("op", ["depthwise", "maxpool", "avgpool"])
 @pytest.mark.parametrize("stride", [1, 2])
-@pytest.mark.parametrize("size", [21, 37])
+@pytest.mark.parametrize("size", [21, 37, 67])
 def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride, size):
-    """19 channels, 21 x 21 (a row in one odd vector) and 37 x 37 (vectors of 16, the last one
-    predicated), stride 1 and 2 (odd padded widths: the phase split pads a column), padding 1."""
+    """19 channels, 21 x 21 (a row in one odd vector), 37 x 37 (vectors of 16, the last one
+    predicated) and 67 x 67 (on a host of up to 4 cores, 67 or 34 output rows cut in bands, the
+    last band shorter), stride 1 and 2 (odd padded widths: the phase split pads a column),
+    padding 1."""
     pytest.importorskip("torch", reason="the reference is PyTorch's conv2d / pooling")
     import tvm
     from tvm import relax
@@ -225,6 +227,40 @@ def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride,
     args = (x, w, b)
     got = vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
     np.testing.assert_allclose(got, _torch_window(op, stride, x, w, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["depthwise", "maxpool"])
+@pytest.mark.parametrize("cores, size, bands", [(2, 67, True), (3, 67, True), (2, 29, False),
+                                                (4, 61, False)])
+def test_window_rule_cuts_tall_outputs_in_row_bands_per_core(op, cores, size, bands):
+    """Outputs with at least BAND_ROWS rows per core: one band of rows per core is the parallel
+    loop (67 rows on 3 cores: 23 + 23 + 21), every plane inside it; shorter ones (29 rows on 2
+    cores, 61 on 4) keep one plane per task. Both match PyTorch."""
+    pytest.importorskip("torch", reason="the reference is PyTorch's conv2d / pooling")
+    import tvm
+
+    import tsl.relax
+    from tsl.schedules.vector import VectorFacts
+    from tsl.schedules.window import BAND_ROWS, window
+
+    assert (size >= BAND_ROWS * cores) == bands
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0])(
+            _window_module(op, 1, size=size))
+    func = next(f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    sch = window(func, VectorFacts(vector_bits=256, cores=cores))
+    script = sch.mod["main"].script()
+    assert (f"T.parallel(T.int64({cores}))" in script) == bands
+    assert ("T.parallel(T.int64(19))" in script) == (not bands)
+    rng = np.random.default_rng(5)
+    x, w, b = (rng.standard_normal(s).astype("float32")
+               for s in [(1, 19, size, size), (19, 1, 3, 3), (1, 19, 1, 1)])
+    args = [x, w, b][:len(func.params) - 1]
+    out = tvm.runtime.tensor(np.full((1, 19, size, size), np.nan, "float32"))
+    kernel = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")})
+    tvm.compile(kernel, target=tgt)(*(tvm.runtime.tensor(a) for a in args), out)
+    np.testing.assert_allclose(out.numpy(), _torch_window(op, 1, x, w, b), rtol=1e-5, atol=1e-5)
 
 
 def test_reshapes_around_tsl_gemms_are_views_not_copies_and_the_model_matches_numpy():

@@ -6,8 +6,8 @@ consumers (bias / BN scale, relu6, the average's divide) after it. These are not
 output channel reads one input channel (or one group), so the GEMM primitive gains nothing; they
 run on the vector unit instead, as ONNX Runtime's depthwise kernels do:
 
-    for n, c  (fused, parallel over the cores)
-        pad the (n, c) plane once                      (the padding producer, computed here)
+    for n, c  (fused, parallel over the cores; tall outputs: n and a band of rows per core)
+        pad the (n, c) plane (or its band) once        (the padding producer, computed here)
         for h, w.o
             acc[w.i] = 0                              (w.i: one vector of output columns)
             for r..  acc[w.i] += pad[h*s + rh, w*s + rw] * k[c, rh, rw]   (vectorized w.i)
@@ -21,6 +21,10 @@ from __future__ import annotations
 
 UNROLL = 7
 """Window loops up to this extent are unrolled (kernels up to 7 x 7)."""
+
+BAND_ROWS = 16
+"""Output rows per core from which a window's rows are split over the cores (`_parallel_planes`):
+a 3 x 3 window's band then re-reads at most 1/8 of its input rows as halo."""
 
 
 def window(func, facts):
@@ -44,7 +48,7 @@ def window(func, facts):
         phased = _split_phases(sch, red, blocks[:at], red_lanes // 2)
         last = _fold_consumers(sch, red, blocks[at + 1:])
         lanes = facts.lanes(dtype_bits(sch.get(last).writes[0].source.dtype))
-        plane, w_outer = _output_nest(sch, last, lanes)
+        plane, w_outer = _output_nest(sch, last, lanes, facts.cores)
         sch.compute_at(red, w_outer, preserve_unit_loops=True)
         _vectorize_accumulation(sch, red)
         for b in reversed(blocks[:at]):
@@ -140,20 +144,38 @@ def _copy_out(sch, red):
     return sch.get_consumers(red)[0]
 
 
-def _output_nest(sch, last, lanes: int):
-    """Shape the output block's loops: all but the two innermost fused and parallel (one (n, c)
-    plane per task), the innermost split into vectors of output columns. Returns the plane loop
-    and the outer column loop."""
+def _output_nest(sch, last, lanes: int, cores: int):
+    """Shape the output block's loops: the planes (all but the two innermost loops) and, for
+    tall outputs, bands of rows parallel (`_parallel_planes`); the innermost split into vectors
+    of output columns. Returns the loop the producers are computed under (one plane, or one
+    plane's band) and the outer column loop."""
     loops = sch.get_loops(last)
     if len(loops) < 2:
         from tvm.s_tir.schedule import ScheduleError
         raise ScheduleError("a window output needs at least rows and columns")
-    plane = sch.fuse(*loops[:-2]) if len(loops) > 2 else loops[0]
-    sch.parallel(plane)
+    plane = _parallel_planes(sch, loops, cores)
     width = sch.get(loops[-1]).extent.value
     w_outer, w_inner = sch.split(loops[-1], factors=[None, vector_width(width, lanes)])
     sch.vectorize(w_inner)
     return plane, w_outer
+
+
+def _parallel_planes(sch, loops, cores: int):
+    """One (n, c) plane per parallel task; but where each core gets at least `BAND_ROWS` output
+    rows, the rows are cut in one band per core instead, with every channel's plane inside
+    each band: a core then reads the rows its neighbours' kernels wrote on that core (tsl's 1x1
+    convs split output rows over the cores, and the window's consumer reads the rows this core
+    wrote), not half of every plane from the other core's cache. Returns the loop under which
+    a plane's (or a band's) input is staged."""
+    rows = sch.get(loops[-2]).extent
+    if len(loops) < 3 or cores < 2 or not _const_above(rows, BAND_ROWS * cores - 1):
+        plane = sch.fuse(*loops[:-2]) if len(loops) > 2 else loops[0]
+        sch.parallel(plane)
+        return plane
+    band, inner = sch.split(loops[-2], factors=[cores, None])
+    sch.reorder(band, loops[-3], inner)
+    sch.parallel(sch.fuse(*loops[:-3], band) if len(loops) > 3 else band)
+    return loops[-3]
 
 
 def vector_width(width: int, lanes: int) -> int:
@@ -185,10 +207,11 @@ def _vectorize_accumulation(sch, red):
 
 
 def _stage_producer(sch, block, plane, stride: int = 1):
-    """The padding: computed per (n, c) plane inside the parallel loop (once per plane, in cache),
-    split into a fill of the border and a copy of the interior (`decompose_padding`) so that both
-    vectorize (a copy with an in-bounds test per element does not). Left at the root when TVM
-    cannot place it there. A producer whose columns are split by phase (`_split_phases`, `stride`
+    """The padding: computed per (n, c) plane (or its band of rows, with the window's halo)
+    inside the parallel loop (once per plane, in cache), split into a fill of the border and a
+    copy of the interior (`decompose_padding`, under `plane`'s loops) so that both vectorize
+    (a copy with an in-bounds test per element does not). Left at the root when TVM cannot
+    place it there. A producer whose columns are split by phase (`_split_phases`, `stride`
     > 1) writes s rows of phases from one input row: its column loop is split by s with the
     phases unrolled and left to LLVM's loop vectorizer, which reads the row in whole vectors and
     deinterleaves them (shuffles); vectorized by TVM, the phase writes became one scalar store
@@ -200,8 +223,10 @@ def _stage_producer(sch, block, plane, stride: int = 1):
     except ScheduleError:
         return
     parts = [block]
-    if sch.can_decompose_padding(block, sch.get_loops(block)[1]):
-        parts.append(sch.decompose_padding(block, sch.get_loops(block)[1]))
+    loops, at = sch.get_loops(block), sch.get_sref(plane)
+    own = loops[1 + next(i for i, lp in enumerate(loops) if sch.get_sref(lp).same_as(at))]
+    if sch.can_decompose_padding(block, own):
+        parts.append(sch.decompose_padding(block, own))
     for b in parts:
         if stride == 1:
             sch.vectorize(sch.get_loops(b)[-1])
