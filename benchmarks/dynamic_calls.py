@@ -14,7 +14,7 @@ import numpy as np
 
 import tsl
 from tsl.bench.dynamic import families
-from tsl.timing import exclusive
+from tsl.timing import exclusive, realtime
 
 CALLS = 61
 
@@ -42,7 +42,7 @@ def main(values) -> None:
             free = [x for t, x in zip(op.inputs, xs) if t.name not in consts]
             d, s = art.bind(**consts), static.bind(**consts)
             args = s.resident.args
-            with exclusive():
+            with exclusive(), realtime():
                 td, ts, tk = _medians([lambda: d(*free), lambda: s(*free),
                                        lambda: static.run_resident(args)])
             print(f"{name:34} {v:>5}: dynamic bound {td * 1e6:7.1f} us, static bound "

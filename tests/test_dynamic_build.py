@@ -62,10 +62,27 @@ def test_gemm_rows_are_a_run_time_argument_padded_only_to_the_block():
     fam = tsl.ops.matmul(sym("m", upper=300), 24, 40)
     art = tsl.build(fam, "cpu")
     assert all(k.blocks for k in art.kernels)
-    assert len(art.kernels) <= 12 and all(len(art.pieces(m)) == 1 for m in (1, 77, 300))
+    # a kernel per value up to SMALL (6), then one per doubling range: 6 + 8..256 + 300 = 13,
+    # not one per value
+    assert len(art.kernels) <= 13 and all(len(art.pieces(m)) == 1 for m in (1, 77, 300))
     for m in (1, 3, 8, 9, 77, 129, 255, 300):
         _check(art, fam, m, seed=m)
     assert "padded to whole blocks" in art.dispatch()
+
+
+def test_each_range_runs_the_static_build_s_choice_at_its_top():
+    # a range's kernel is what a static build of its top runs (the model's best there), and
+    # values off their kernel's block (padded rows) still match NumPy
+    fam = tsl.ops.dense(sym("m", upper=40), 96, 80, epilogue=tsl.ops.bias())
+    art = tsl.build(fam, "cpu")
+    assert [k.value for k in art.kernels][:6] == [1, 2, 3, 4, 5, 6]  # small values: their own
+    for k in art.kernels:
+        static = tsl.build(fam.at(m=k.value), "cpu").schedule
+        assert k.knobs == dict(static.knob_values), k.value
+    padded = [m for m in range(7, 41) if m % art.kernels[art.pieces(m)[0][0]].blocks["i"]]
+    assert len(padded) >= 2  # values off their kernel's block: padded rows
+    for m in padded[:2] + padded[-1:]:
+        _check(art, fam, m, seed=m)
 
 
 def test_a_symbol_in_several_axes_is_padded_not_cut():

@@ -3,7 +3,8 @@
 Per family and value: the dynamic artifact (`tsl.build(family)`: built once) against a
 static build of that value, both called with their constants bound (`bind`), timed
 interleaved (median of `REPEAT` each; with ``TSL_TIMING_LOCK=<file>`` under an exclusive lock
-on that file, `tsl.timing.exclusive`, so no cooperating timing on the host overlaps), and the
+on that file, `tsl.timing.exclusive`, so no cooperating timing on the host overlaps, and with
+``TSL_TIMING=realtime`` at real-time priority, `tsl.timing.realtime`), and the
 peers of the static operator timed alone
 (`tsl.bench.alone`: PyTorch, NumPy; ONNX Runtime has no operator-level peer here). Also the
 family's compile time and its kernels. The ">= within 10%" numbers are read here, never
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..timing import exclusive, waited_seconds
+from ..timing import exclusive, realtime, waited_seconds
 
 VALUES = (1, 5, 16, 31, 64, 100, 128, 200, 333, 512, 1000, 2048)
 QUICK_VALUES = (1, 31, 100, 333)
@@ -65,14 +66,14 @@ def row(name, fam, art, v, peers) -> dict:
     consts = {t.name: x for t, x in zip(op.inputs, xs) if t.name in static.constants()}
     free = [x for t, x in zip(op.inputs, xs) if t.name not in consts]
     ok, err = op.check(art.run(*xs), op.reference(*xs))
-    with exclusive():
+    with exclusive(), realtime():
         td, ts = _interleaved(art.bind(**consts), static.bind(**consts), free, free)
     out = {"family": name, "value": v, "dynamic_s": td, "static_s": ts, "ratio": td / ts,
            "verified": ok, "error": err, "pieces": art.pieces(v)}
     if peers:
         from .alone import cpu_peers
 
-        with exclusive():
+        with exclusive(), realtime():
             out["peers"] = {k: p["seconds"] for k, p in cpu_peers(static.machine.cores())(op)
                             .items()}
     return out
@@ -130,7 +131,7 @@ def tuned_row(fam, art, v: int, trials: int, where: Path) -> dict:
     consts = {t.name: x for t, x in zip(op.inputs, xs) if t.name in static.constants()}
     free = [x for t, x in zip(op.inputs, xs) if t.name not in consts]
     ok = op.check(art.run(*xs), op.reference(*xs))[0] and static.verify()[0]
-    with exclusive():
+    with exclusive(), realtime():
         td, ts = _interleaved(art.bind(**consts), static.bind(**consts), free, free)
     return {"value": v, "family_s": td, "static_s": ts, "ratio": td / ts, "verified": ok,
             "static_tune_s": tune_s}

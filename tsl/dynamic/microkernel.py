@@ -1,10 +1,16 @@
 """Micro-kernels with run-time rows: which schedule serves which range of the symbol.
 
-Each range (lo, hi] of a doubling ladder gets one schedule, chosen DietCode-style by its
-cost over the range rather than at one value: the model's candidates at `hi` (the best
-ones, and the best of each row block) are priced at sample values of the range, each padded
-to that candidate's row block, and the lowest total wins. A big row block is the fastest at
-`hi` but pads small values a lot; the samples weigh that.
+Each range (lo, hi] of the ladder gets one kernel: the model's best schedule at `hi` (what a
+static build of `hi` runs) among those that record at every value of the range; a value runs
+its range's kernel, padded to its blocks. Three ways to weigh the padding of the range's
+lower values measured slower on a Xeon (AVX-512; benchmarks/README.md, dyn37), because the
+model misjudges knobs it rates near-equal: pricing the candidates over sample values of the
+range (DietCode-style, each padded to its row block) picked knobs the model rated 0.5-1%
+better that ran 1.3-1.7x slower than the static build's (dense 768->3072 at m = 16, 31, 64,
+333, 512); running each value on whichever compiled kernel the model prices least padded (a
+lower range's smaller block) ran 1.1-1.4x slower than the range's own kernel at m = 33, 65,
+100, 129; and the top's knobs with the rows' outer tile cut (block 32 -> 8, the model +1%
+at the top) won at m = 100 of 768->3072 but lost 10-30% at m = 128 and 333 elsewhere.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ from ..model.search import record_fixed
 from . import plan
 from .symbolic import blocks_of, padded_op
 
-TOP = 12  # the model's best candidates at the range's top that are priced over the range
-SAMPLES = 4  # values per range they are priced at
+TOP = 12  # the model's best candidates at a range's top that the family tuner measures
+SAMPLES = 4  # values per range a candidate is checked (and tuned) at
 
 
 def padded_schedule(fam, fn, s, axes, v: int):
@@ -58,18 +64,16 @@ def pool(fam, machine, fn, axes, hi: int, fixed: dict | None, check,
 
 def choose(fam, machine, fn, axes, lo: int, hi: int, fixed: dict | None,
            check) -> plan.Kernel:
-    """The kernel for values (lo, hi]: the candidate of least total model time there."""
-    best, best_cost = None, math.inf
+    """The kernel for values (lo, hi]: the model's best at `hi` whose knobs record at every
+    sample value of the range, padded to their blocks (see the module's text)."""
+    name = next(iter(fam.syms))
     pts = samples(lo, hi)
-    for c in pool(fam, machine, fn, axes, hi, fixed, check):
-        cost = sum(padded_price(fam, fn, c.schedule, axes, v) for v in pts)
-        if cost < best_cost:
-            best, best_cost = c, cost
-    if best is None or not math.isfinite(best_cost):
-        raise ScheduleError(f"{fam}: no schedule of the model's fits every value of "
-                            f"{next(iter(fam.syms))} in ({lo}, {hi}]")
-    s = best.schedule
-    return plan.Kernel(hi, s, best.estimate.seconds, blocks=blocks_of(s, axes), fn=fn)
+    for c in search(fam.at(**{name: hi}), machine, fn, fixed, check=check).candidates:
+        if all(padded_schedule(fam, fn, c.schedule, axes, v) is not None for v in pts):
+            s = c.schedule
+            return plan.Kernel(hi, s, c.estimate.seconds, blocks=blocks_of(s, axes), fn=fn)
+    raise ScheduleError(f"{fam}: no schedule of the model's fits every value of {name} in "
+                        f"({lo}, {hi}]")
 
 
 def ranges(rungs: list[int], upper: int) -> list[tuple[int, int]]:

@@ -176,29 +176,8 @@ def _build(fam, machine, database):
 
     key = (str(fam), repr(fam.dims.get("epilogue")), machine.name, id(database))
     if key not in _BUILDS:
-        knobs = database if database is not None else _static_tops(fam, machine)
-        _BUILDS[key] = build(fam, machine, knobs=knobs)
+        _BUILDS[key] = build(fam, machine, knobs=database)
     return _BUILDS[key]
-
-
-def _static_tops(fam, machine) -> dict | None:
-    """Knobs per range top: each run-time-rows kernel is the static build's choice at the top of
-    its range. The ranges' own choice (the least model time over samples of the range) picked
-    32-row blocks for BERT's dense layers at seq 128 where the static build takes 128, and
-    measured 1.3-1.6x slower there (Intel host); the top's knobs only pad a value up to the
-    top's block. None (the model's choice per range) for families without run-time rows."""
-    from ..dynamic import SYMBOLIC_TOP
-    from ..dynamic.plan import ladder
-    from ..record import record
-
-    sym = next(iter(fam.syms.values()))
-    tops = ladder(min(sym.upper, SYMBOLIC_TOP), 1, True, ratio=2)
-    tops[-1] = sym.upper
-    try:
-        return {v: dict(record(fam.at(**{sym.name: v}), machine, None).knob_values)
-                for v in tops}
-    except TSLError:
-        return None
 
 
 def plan_one(func, machine, bounds: dict[str, int], database=None) -> Plan:
