@@ -124,6 +124,20 @@ def test_fp32_micro_kernel_structure(machine):
     assert "vfmadd" in asm or "fmla" in asm
 
 
+def test_gemm_activations_packed_in_stored_order(machine):
+    """The in-kernel stage that packs A for the register tile (A[M, K] -> [M/mr, K, mr]) runs
+    over the packed layout: its vector loop is the tile's mr rows, stored contiguously, not
+    K (which stored one element per mr-element row block), at a row count mr does not
+    divide too."""
+    for m in (128, 100):
+        art = check(ops.dense(m, 96, 48), machine, m_inner=4)
+        mr = 4 * art.schedule.primitive.m
+        tir = art.tir()
+        assert f'A_global = T.sblock_alloc_buffer(({-(-m // mr)}, 96, {mr}))' in tir, tir
+        assert re.search(rf"for ax2 in T.vectorized\({mr}\):\s+with T.sblock\(\"A_global\"\)",
+                         tir), tir
+
+
 def test_knobs_change_the_nest(machine):
     op = ops.matmul(128, 128, 128)
     a = tsl.build(op, machine, knobs={"m_inner": 4, "n_inner": 1, "k_inner": 32})

@@ -210,6 +210,7 @@ class CPULowering(Lowering):
                 self._vectorize_innermost(sch, ctx.blocks[name])
         # Whole-tensor stages before the main nest (the int8 -> uint8 shift or int16 widening, padding, packing
         # of activations): one pass each, merged where possible, spread over the cores.
+        self._pack_in_stored_order(ctx)
         stages = [n for n in ("A_cast", "A_pad", "A_global") if self._has(sch, n)]
         if len(stages) > 1 and stages[0] == "A_cast":
             sch.compute_inline(sch.get_sblock("A_cast"))
@@ -220,6 +221,24 @@ class CPULowering(Lowering):
             if len(loops) > 1:
                 sch.parallel(sch.fuse(*loops[:2]) if len(loops) > 2 else loops[0])
             self._vectorize_innermost(sch, blk)
+
+    def _pack_in_stored_order(self, ctx: LowerContext) -> None:
+        """The stage that packs A inside the kernel runs over the packed layout, not over A:
+        where the layout moves another dimension innermost (a GEMM's mr rows at each k), a
+        pass over A's order writes one element per store, 4 bytes apart in every line (dense
+        128x3072: 263 us of a 3.6 ms kernel on the 2-core Xeon); in stored order each store
+        is a whole vector of the tile's rows (115 us), gathered from rows that the pass reads
+        on along their lines."""
+        if "A_pack" not in ctx.blocks or "A" not in ctx.tsl.packed:
+            return
+        lay = self.layout(ctx, "A", ctx.tsl.packed["A"])
+        nd = len(ctx.op.input("A").shape)
+        if lay is None or lay.order[-1][0] == nd - 1:
+            return
+        from tvm.tirx import IndexMap
+
+        ctx.sch.transform_block_layout(ctx.blocks["A_pack"], IndexMap.from_func(
+            lay.index_map, ndim=nd, index_dtype="int32"))
 
     @staticmethod
     def _has(sch, name: str) -> bool:
