@@ -301,3 +301,47 @@ def test_reshapes_around_tsl_gemms_are_views_not_copies_and_the_model_matches_nu
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xs)).numpy()
     want = np.maximum(np.maximum(xs @ w1 + b1, 0) @ w2, 0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_copy_chains_become_one_function_per_consumer_and_match_numpy():
+    """An attention-style split: a transpose read by three `take`s, each transposed and scaled,
+    one also exponentiated. Each output is one function reading x (the copies computed inside
+    their consumers, `tsl.relax.chains`); a non-copy (exp) read twice, and a copy read by a
+    reduction, stay functions of their own. Shapes off the vector lanes (7 x 3 x 10)."""
+    import re
+
+    import tvm
+    from tvm import relax
+
+    import tsl.relax
+
+    x = relax.Var("x", relax.TensorType((7, 30), "float32"))
+    op = relax.op
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            t = bb.emit(op.permute_dims(op.reshape(x, (7, 3, 10)), [1, 0, 2]))
+            parts = [bb.emit(op.take(t, relax.const(i, "int64"), axis=0)) for i in range(3)]
+            q = bb.emit(op.multiply(op.permute_dims(parts[0], [1, 0]), relax.const(0.5)))
+            k = bb.emit(op.exp(op.permute_dims(parts[1], [1, 0])))
+            e = bb.emit(op.exp(parts[2]))
+            s = bb.emit(op.sum(op.permute_dims(x, [1, 0]), axis=[1]))
+            out = bb.emit_output(relax.Tuple([q, k, op.add(e, e), op.multiply(e, e), s]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        done = tvm.transform.Sequential(tsl.relax._stages(tgt)[0]
+                                        + tsl.relax._vector_pass("cpu", tgt))(mod)
+    calls = re.findall(r"call_tir\((?:\w+\.)?(\w+), \((\w+)", done["main"].script())
+    # q and k from x directly; e's exp, the sum's transpose and the sum stay their own
+    assert sum(arg == "x" and "take" in name for name, arg in calls) == 3, calls
+    assert len(calls) == 3 + 2 + 1 + 1, calls
+    ex = tvm.compile(mod, target=tgt, relax_pipeline=tsl.relax.pipeline("cpu"))
+    xs = np.random.default_rng(8).standard_normal((7, 30)).astype("float32")
+    got = [a.numpy() for a in relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xs))]
+    p = xs.reshape(7, 3, 10).transpose(1, 0, 2)
+    ev = np.exp(p[2])
+    want = [p[0].T * 0.5, np.exp(p[1].T), ev + ev, ev * ev, xs.T.sum(axis=1)]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -9,11 +9,13 @@ crops and packs that change no element's order) become VM reshapes, views made w
 TVM's `RewriteDataflowReshape` does this later in its own pipeline, but by then this pass has
 scheduled those functions into loop nests it no longer recognizes. The swap's packs are
 simplified first (`StmtSimplify`): their bound checks are always true where nothing is padded.
+Then chains of copies are merged into their consumers (`tsl.relax.chains`): one loop nest each.
 """
 
 from __future__ import annotations
 
 from ..schedules.vector import RULES, VectorFacts
+from .chains import fuse_copy_chains
 
 
 def schedule_rest(facts: VectorFacts, left: list | None = None):
@@ -23,7 +25,7 @@ def schedule_rest(facts: VectorFacts, left: list | None = None):
 
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.ScheduleRest")
     def _pass(mod, _ctx):
-        mod = _reshapes_as_views(mod)
+        mod = fuse_copy_chains(_reshapes_as_views(mod))
         for gv, f in list(mod.functions.items()):
             if not isinstance(f, tirx.PrimFunc) or "tsl.machine" in f.attrs:
                 continue
