@@ -150,6 +150,9 @@ def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
         fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(Mod)
     text = fused["fast_softmax"].script()   # exp is TVM's polynomial fast_exp: it vectorizes
     assert "_rf" in text and "T.exp" not in text   # the max and sum run in vector partial sums
+    # every block inside one parallel loop over the rows (a row's intermediates stay in L1)
+    for name in ("fast_softmax", "layer_norm"):
+        assert fused[name].script().count("T.parallel") == 1, fused[name].script()
     ex = tvm.compile(Mod, target=tgt, relax_pipeline=tsl.relax.pipeline("cpu"))
     rng = np.random.default_rng(3)
     x, g, b = (rng.standard_normal(s).astype("float32") for s in [(7, 64), (64,), (64,)])

@@ -11,9 +11,11 @@ Rules (so far):
 - `window` (tsl.schedules.window): one sliding-window reduction (depthwise / grouped conv2d,
   max / avg pooling) with its padding and epilogue: (n, c) planes parallel, output columns in
   vectors.
-- `rowwise`: blocks with reductions (softmax, layer_norm, mean, global pooling): each block's
-  leading spatial loops fused and run parallel, reductions along the contiguous axis in lanes
-  partial sums, all-spatial blocks vectorized along the innermost loop.
+- `rowwise`: blocks with reductions (softmax, layer_norm, mean, global pooling): all blocks
+  computed row by row inside one parallel loop over the rows of the last block (single-consumer
+  element-wise blocks inlined), reductions along the contiguous axis in lanes partial sums,
+  element-wise blocks vectorized along the row; where TVM cannot nest a block so (or extents
+  are symbolic), each block's leading spatial loops fused and run parallel on their own.
 """
 
 from __future__ import annotations
@@ -86,21 +88,84 @@ def _symbolic_outer(sch, loops, lanes: int) -> bool:
 
 
 def rowwise(func, facts: VectorFacts):
-    """Schedule a PrimFunc with reduction blocks (softmax, layer_norm, mean, pooling) row-wise:
-    every block's outermost loop, when spatial, runs parallel over the cores (one row per task),
-    and every all-spatial block is vectorized along its innermost (contiguous) loop.
-    Returns None when a block has no spatial outer loop to run rows over."""
+    """Schedule a PrimFunc with reduction blocks (softmax, layer_norm, mean, pooling) row-wise.
+    Preferably all blocks in one parallel loop over the rows (`_fused_rows`); where TVM cannot
+    place them there, every block on its own (`_rows_per_block`). None when a block has no
+    spatial outer loop to run rows over."""
     from tvm import s_tir
+    from tvm.s_tir.schedule import ScheduleError
 
     sch = s_tir.Schedule(func)
     blocks = root_blocks(sch)
-    if not blocks:
+    if not blocks or any(not sch.get_loops(b) or sch.get(b).iter_vars[0].iter_type != 0
+                         for b in blocks):
         return None
+    if any(not hasattr(sch.get(lp).extent, "value") for b in blocks for lp in sch.get_loops(b)):
+        return _rows_per_block(sch, facts)   # symbolic extents: `tsl.relax.symbolic`'s case
+    try:
+        return _fused_rows(s_tir.Schedule(func), facts)
+    except ScheduleError:
+        return _rows_per_block(sch, facts)
+
+
+def _fused_rows(sch, facts: VectorFacts):
+    """The blocks computed row by row inside the last block's parallel row loop: the
+    single-consumer spatial blocks inlined (softmax's x - max into its exp; a mask's compare,
+    not and cast into the max over them), the others placed under the row loop
+    (`compute_at`), so that a row's intermediates stay in L1 (TVM allocates them per row) where
+    block by block each is a whole tensor written and read back. Reductions are summed in lanes
+    (`_lane_partials`), spatial blocks vectorized along the row. Raises ScheduleError where a
+    block cannot be placed so (the caller falls back)."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    for b in root_blocks(sch)[:-1]:
+        if spatial_only(sch, b) and len(sch.get_consumers(b)) == 1:
+            sch.compute_inline(b)
+    last = root_blocks(sch)[-1]
+    kinds = [iv.iter_type for iv in sch.get(last).iter_vars]
+    if len(sch.get_loops(last)) != len(kinds) or len(kinds) < 2:
+        raise ScheduleError("not TE's loop nest: rows unknown")
+    rows = _row_loops(kinds, len(kinds))   # read before the rfactor reorders its iter vars
+    partials = {sch.get(p).name_hint for b in root_blocks(sch) if not spatial_only(sch, b)
+                for p in [_lane_partials(sch, b, facts)] if p is not None}
+    blocks = root_blocks(sch)
+    row = sch.fuse(*sch.get_loops(blocks[-1])[:rows])
+    for b in reversed(blocks[:-1]):
+        sch.compute_at(b, row, preserve_unit_loops=False)
+    sch.parallel(row)
     for b in blocks:
+        inner = sch.get_loops(b)[1:]
+        if sch.get(b).name_hint in partials:   # the lanes loop last, in one vector
+            lane = next(lp for lp in inner if sch.get(lp).extent.value == _lanes(sch, b, facts))
+            sch.reorder(*[lp for lp in inner if lp != lane], lane)
+            sch.vectorize(lane)
+        elif spatial_only(sch, b) and inner and sch.get(inner[-1]).extent.value > 1:
+            sch.vectorize(sch.split(inner[-1], factors=[None, _lanes(sch, b, facts)])[1])
+    return sch
+
+
+def _lanes(sch, block, facts: VectorFacts) -> int:
+    return facts.lanes(dtype_bits(sch.get(block).writes[0].source.dtype))
+
+
+def _lane_partials(sch, block, facts: VectorFacts):
+    """The block's innermost (reduction) loop split into lanes partial results (rfactor), the
+    new block of partials returned; None when the loop does not split evenly into lanes."""
+    lanes = _lanes(sch, block, facts)
+    loop = sch.get_loops(block)[-1]
+    extent = sch.get(loop).extent
+    if not hasattr(extent, "value") or extent.value % lanes or extent.value == lanes:
+        return None
+    _, ki = sch.split(loop, factors=[None, lanes])
+    return sch.rfactor(ki, factor_axis=len(sch.get(block).writes[0].source.shape))
+
+
+def _rows_per_block(sch, facts: VectorFacts):
+    """Every block's outermost loop, when spatial, runs parallel over the cores (one row per
+    task), and every all-spatial block is vectorized along its innermost (contiguous) loop."""
+    for b in root_blocks(sch):
         loops = sch.get_loops(b)
         kinds = [iv.iter_type for iv in sch.get(b).iter_vars]
-        if not loops or kinds[0] != 0:
-            return None
         rows = _row_loops(kinds, len(loops))
         lanes = facts.lanes(dtype_bits(sch.get(b).writes[0].source.dtype))
         if len(loops) > 1 and all(k == 0 for k in kinds):
@@ -135,7 +200,8 @@ def _vector_reduce(sch, block, lanes: int, rows: int) -> bool:
     """Reduce along the contiguous (innermost) axis in `lanes` partial sums (rfactor): the partial
     block is vectorized over the lanes, the lanes are then summed per row. LLVM will not vectorize
     a float reduction itself (it may not reassociate). False when the loop does not split evenly
-    into lanes or TVM refuses the rfactor; the block is then left row-parallel only."""
+    into lanes or TVM refuses the rfactor; the block is then left row-parallel only. `rows`: the
+    outer loops to run parallel (0: the block is already inside a parallel loop)."""
     from tvm.s_tir.schedule import ScheduleError
 
     loops = sch.get_loops(block)
@@ -144,12 +210,13 @@ def _vector_reduce(sch, block, lanes: int, rows: int) -> bool:
         return False
     try:
         _, ki = sch.split(loops[-1], factors=[None, lanes])
-        rf = sch.rfactor(ki, factor_axis=len(loops) - 1)
+        rf = sch.rfactor(ki, factor_axis=len(sch.get(block).writes[0].source.shape))
     except ScheduleError:
         return False
     sch.vectorize(sch.get_loops(rf)[-1])
-    _parallel_rows(sch, rf, rows)
-    _parallel_rows(sch, block, rows)
+    if rows:
+        _parallel_rows(sch, rf, rows)
+        _parallel_rows(sch, block, rows)
     return True
 
 
