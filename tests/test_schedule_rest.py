@@ -309,8 +309,9 @@ def test_reshapes_around_tsl_gemms_are_views_not_copies_and_the_model_matches_nu
 def test_copy_chains_become_one_function_per_consumer_and_match_numpy():
     """An attention-style split: a transpose read by three `take`s, each transposed and scaled,
     one also exponentiated. Each output is one function reading x (the copies computed inside
-    their consumers, `tsl.relax.chains`); a non-copy (exp) read twice, and a copy read by a
-    reduction, stay functions of their own. Shapes off the vector lanes (7 x 3 x 10)."""
+    their consumers, `tsl.relax.chains`); a non-copy (exp) read twice stays a function of its
+    own; a transpose read only by a sum, and an add read only by a layer norm, are computed
+    inside them. Shapes off the vector lanes (7 x 3 x 10)."""
     import re
 
     import tvm
@@ -329,7 +330,9 @@ def test_copy_chains_become_one_function_per_consumer_and_match_numpy():
             k = bb.emit(op.exp(op.permute_dims(parts[1], [1, 0])))
             e = bb.emit(op.exp(parts[2]))
             s = bb.emit(op.sum(op.permute_dims(x, [1, 0]), axis=[1]))
-            out = bb.emit_output(relax.Tuple([q, k, op.add(e, e), op.multiply(e, e), s]))
+            g = relax.const(np.linspace(0.5, 1.5, 30, dtype="float32"))
+            n = bb.emit(op.nn.layer_norm(op.add(x, relax.const(1.0)), g, g, axes=[-1]))
+            out = bb.emit_output(relax.Tuple([q, k, op.add(e, e), op.multiply(e, e), s, n]))
         bb.emit_func_output(out)
     mod = bb.get()
     tgt = tsl.relax.tvm_target("cpu")
@@ -337,14 +340,18 @@ def test_copy_chains_become_one_function_per_consumer_and_match_numpy():
         done = tvm.transform.Sequential(tsl.relax._stages(tgt)[0]
                                         + tsl.relax._vector_pass("cpu", tgt))(mod)
     calls = re.findall(r"call_tir\((?:\w+\.)?(\w+), \((\w+)", done["main"].script())
-    # q and k from x directly; e's exp, the sum's transpose and the sum stay their own
+    # q, k and e's exp from x directly; e's add and multiply; the sum and the norm
     assert sum(arg == "x" and "take" in name for name, arg in calls) == 3, calls
-    assert len(calls) == 3 + 2 + 1 + 1, calls
+    assert len(calls) == 3 + 2 + 2, calls
+    assert {n for n, arg in calls if arg == "x"} >= {"fused_transpose2_sum", "fused_add_layer_norm"}
     ex = tvm.compile(mod, target=tgt, relax_pipeline=tsl.relax.pipeline("cpu"))
     xs = np.random.default_rng(8).standard_normal((7, 30)).astype("float32")
     got = [a.numpy() for a in relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xs))]
     p = xs.reshape(7, 3, 10).transpose(1, 0, 2)
     ev = np.exp(p[2])
-    want = [p[0].T * 0.5, np.exp(p[1].T), ev + ev, ev * ev, xs.T.sum(axis=1)]
+    h = xs + 1
+    norm = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    want = [p[0].T * 0.5, np.exp(p[1].T), ev + ev, ev * ev, xs.T.sum(axis=1),
+            norm * np.linspace(0.5, 1.5, 30) + np.linspace(0.5, 1.5, 30)]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

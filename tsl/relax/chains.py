@@ -42,15 +42,41 @@ def _pairs(mod, func) -> dict:
     calls, users = _calls_and_users(func)
     pairs = {}
     for var, call in calls.items():
-        if not _is_copy(mod, call):
-            continue
         uses = users.get(var, [])
-        if not uses or any(u is None or not _is_spatial(mod, u) for u in uses):
+        if not uses or None in uses or not _merges(mod, call, uses):
             continue
         for u in uses:
             pos = next(i for i, a in enumerate(u.args[1].fields) if a.same_as(var))
             pairs.setdefault(u, (pos, call))   # one producer per consumer and round
     return pairs
+
+
+def _merges(mod, call, uses: list) -> bool:
+    """Whether `call` is computed inside each of its `uses`: a copy into all-spatial consumers;
+    an element-wise function into its only consumer; an element-wise function or a reduction
+    over rows into its only consumer when that reduces rows too (a residual add into the layer
+    norm after it, the attention mask's max into the softmax: `vector.rowwise` computes them
+    row by row, each row read back from L1, not from a tensor written before)."""
+    if _is_copy(mod, call) and all(_is_spatial(mod, u) for u in uses):
+        return True
+    if len(uses) != 1:
+        return False
+    if _reduces_rows(mod, uses[0]):
+        return _is_spatial(mod, call) or _reduces_rows(mod, call)
+    return _is_spatial(mod, call) and _is_spatial(mod, uses[0])
+
+
+def _reduces_rows(mod, call) -> bool:
+    """`call` runs a non-tsl PrimFunc with reductions, none of them a sliding window (those
+    are `tsl.schedules.window`'s: it places their producers itself)."""
+    from ..schedules.window import _slides
+    from .match import blocks
+
+    f = _prim(mod, call)
+    if f is None:
+        return False
+    reds = [b for b in blocks(f) if any(iv.iter_type != 0 for iv in b.iter_vars)]
+    return bool(reds) and not any(_slides(b) for b in reds)
 
 
 def _calls_and_users(func):
