@@ -5,6 +5,7 @@ and through ONNX."""
 
 import numpy as np
 import pytest
+import tvm
 
 import tsl.relax
 import tsl.relax.schedule_rest
@@ -99,6 +100,15 @@ def test_imported_stand_ins_leave_nothing_unscheduled_and_match_pytorch(name, fr
     model, x = _model(name)
     mod = _imported(model, x, frontend, tmp_path)
     assert unscheduled(mod, "cpu") == []
+    # and as compiled: the functions `tsl.relax.chains` merged after the swap are scheduled too
+    left = []
+    tgt = tsl.relax.tvm_target("cpu")
+    facts = tsl.relax.schedule_rest._facts("cpu")
+    with tgt:
+        tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + [
+            tsl.relax.swap_pass("cpu"), tsl.relax.layout_pass(),
+            tsl.relax.schedule_rest.schedule_rest(facts, left)])(mod)
+    assert left == []
     err = error_vs_torch(mod, model, x)
     assert err < 1e-4, err
 

@@ -68,7 +68,8 @@ def _merges(mod, call, uses: list) -> bool:
 
 def _reduces_rows(mod, call) -> bool:
     """`call` runs a non-tsl PrimFunc with reductions, none of them a sliding window (those
-    are `tsl.schedules.window`'s: it places their producers itself)."""
+    are `tsl.schedules.window`'s: it places their producers itself) or a sum of products of
+    two tensors (a matmul or conv the swap left to TVM: not a row reduction)."""
     from ..schedules.window import _slides
     from .match import blocks
 
@@ -76,7 +77,17 @@ def _reduces_rows(mod, call) -> bool:
     if f is None:
         return False
     reds = [b for b in blocks(f) if any(iv.iter_type != 0 for iv in b.iter_vars)]
-    return bool(reds) and not any(_slides(b) for b in reds)
+    return bool(reds) and not any(_slides(b) or _sums_products(b) for b in reds)
+
+
+def _sums_products(block) -> bool:
+    from .match import NoMatch, _product
+
+    try:
+        _product(block.body.value, block.writes[0].source)
+    except (NoMatch, AttributeError):   # AttributeError: not a single store
+        return False
+    return True
 
 
 def _calls_and_users(func):
@@ -163,8 +174,9 @@ def _moves(e) -> bool:
 
 
 def _merge(mod, name: str, pairs: dict):
-    """`mod` with each consumer call of `pairs` (in function `name`) replaced by a call of a new primitive Relax
-    function that runs its producer, then itself (for `FuseTIR` to make one PrimFunc of)."""
+    """`mod` with each consumer call of `pairs` (in function `name`) replaced by a call of a new
+    primitive Relax function that runs its producer, then itself (for `FuseTIR` to make one
+    PrimFunc of)."""
     from tvm import relax
 
     bb = relax.BlockBuilder(mod)

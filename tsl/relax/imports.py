@@ -197,11 +197,56 @@ def activations_before_reshapes():
     return _pass
 
 
+_BROADCASTING = ("relax.where", "relax.add", "relax.subtract", "relax.multiply", "relax.divide",
+                 "relax.maximum", "relax.minimum")
+
+
+def splat_constants():
+    """A module pass writing a constant whose elements are all one value, when an operand of an
+    element-wise op whose result keeps its shape without it, as that value (a 0-d constant).
+    Torch's safe softmax selects `where(row all -inf, full_like(x, 0), softmax)`; folded, the
+    zeros are a constant as large as the attention scores (786 KB at 12 heads x 128 x 128),
+    read in full by every call of the softmax for one number."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+    from tvm.ir.expr import Constant
+
+    def splat(arg):
+        if not (isinstance(arg, Constant) and hasattr(arg.value, "numpy")
+                and arg.value.numpy().size > 1):
+            return arg
+        v = arg.value.numpy()
+        return relax.const(v.flat[0], str(v.dtype)) if (v == v.flat[0]).all() else arg
+
+    @relax.expr_functor.mutator
+    class _Splat(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _BROADCASTING):
+                return call
+            new = self.builder_.normalize(relax.Call(call.op, [splat(a) for a in call.args],
+                                                     call.attrs, call.ty_args))
+            same = tvm_ffi.structural_equal(new.ty, call.ty)
+            return new if same else call
+
+    @tvm.transform.module_pass(opt_level=0, name="tsl.relax.splat_constants")
+    def _pass(mod, _ctx):
+        for gv, f in list(mod.functions.items()):
+            if isinstance(f, relax.Function):
+                mod[gv] = _Splat(mod).visit_expr(f)
+        return mod
+
+    return _pass
+
+
 def import_passes() -> list:
     """What runs before TVM's legalization: batch norms folded or decomposed, constants
     folded (weights reached through permute/reshape of constants become constants), ONNX clips
-    made Relax clips again, activations moved before the reshapes after a GEMM."""
+    made Relax clips again, activations moved before the reshapes after a GEMM, constants of
+    one repeated value made scalars."""
     from tvm import relax
 
     return [fold_batch_norm(), relax.transform.DecomposeOpsForInference(),
-            relax.transform.FoldConstant(), restore_clip(), activations_before_reshapes()]
+            relax.transform.FoldConstant(), restore_clip(), activations_before_reshapes(),
+            splat_constants()]
