@@ -223,7 +223,8 @@ def test_erf_gelu_after_a_linear_is_its_epilogue_through_both_frontends(frontend
 def test_constants_of_one_value_become_scalars_where_the_result_keeps_its_shape():
     """Torch's safe softmax selects from `full_like(x, 0)`, folded into a constant as large as
     x; `splat_constants` makes it a 0-d constant (read once, not in full per call), but not
-    where the constant alone gives the result its shape. Shapes off the vector lanes."""
+    where the constant alone gives the result its shape, nor an add's operand (a GEMM's bias
+    stays a vector). Shapes off the vector lanes."""
     import tvm
     from tvm import relax
 
@@ -235,8 +236,10 @@ def test_constants_of_one_value_become_scalars_where_the_result_keeps_its_shape(
         with bb.dataflow():
             c = op.greater(x, relax.const(0.25))
             s = bb.emit(op.where(c, relax.const(np.full((3, 5), 2, "float32")), x))
-            t = bb.emit(op.add(y, relax.const(np.full((3, 5), 3, "float32"))))
-            out = bb.emit_output(relax.Tuple([s, t]))
+            t = bb.emit(op.where(op.less(y, relax.const(0.5)), y,
+                                 relax.const(np.full((3, 5), 3, "float32"))))
+            u = bb.emit(op.add(x, relax.const(np.full((5,), 4, "float32"))))
+            out = bb.emit_output(relax.Tuple([s, t, u]))
         bb.emit_func_output(out)
     mod = bb.get()
     done = tsl.relax.imports.splat_constants()(mod)
@@ -246,12 +249,14 @@ def test_constants_of_one_value_become_scalars_where_the_result_keeps_its_shape(
     consts = []
     tvm_ffi.structural_walk(done["main"].body, [(Constant, consts.append)])
     ndims = sorted(c.value.numpy().ndim for c in consts if hasattr(c.value, "numpy"))
-    assert ndims == [0, 0, 2], ndims   # 0.25 and 2 (was 3 x 5); the 3s stay 3 x 5: the shape
+    # 0.25, 0.5 and 2 (was 3 x 5); the 3s stay 3 x 5 (the shape), the 4s a vector (an add)
+    assert ndims == [0, 0, 0, 1, 2], ndims
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
                      relax_pipeline=tsl.relax.pipeline("cpu"))
     rng = np.random.default_rng(9)
     xs, ys = rng.uniform(-1, 1, (3, 5)).astype("float32"), rng.uniform(-1, 1, 5).astype("float32")
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    s, t = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ys))
+    s, t, u = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ys))
     np.testing.assert_array_equal(s.numpy(), np.where(xs > 0.25, 2, xs))
-    np.testing.assert_allclose(t.numpy(), np.broadcast_to(ys + 3, (3, 5)), rtol=1e-6)
+    np.testing.assert_array_equal(t.numpy(), np.broadcast_to(np.where(ys < 0.5, ys, 3), (3, 5)))
+    np.testing.assert_allclose(u.numpy(), xs + 4, rtol=1e-6)

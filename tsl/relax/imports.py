@@ -197,16 +197,13 @@ def activations_before_reshapes():
     return _pass
 
 
-_BROADCASTING = ("relax.where", "relax.add", "relax.subtract", "relax.multiply", "relax.divide",
-                 "relax.maximum", "relax.minimum")
-
-
 def splat_constants():
-    """A module pass writing a constant whose elements are all one value, when an operand of an
-    element-wise op whose result keeps its shape without it, as that value (a 0-d constant).
-    Torch's safe softmax selects `where(row all -inf, full_like(x, 0), softmax)`; folded, the
-    zeros are a constant as large as the attention scores (786 KB at 12 heads x 128 x 128),
-    read in full by every call of the softmax for one number."""
+    """A module pass writing a constant whose elements are all one value, when a branch of a
+    `where` whose result keeps its shape without it, as that value (a 0-d constant). Torch's
+    safe softmax selects `where(row all -inf, full_like(x, 0), softmax)`; folded, the zeros
+    are a constant as large as the attention scores (786 KB at 12 heads x 128 x 128), read in
+    full by every call of the softmax for one number. (Not the operands of adds and products:
+    a linear layer's all-zero bias stays the vector the swap takes as the GEMM's bias.)"""
     import tvm
     import tvm_ffi
     from tvm import relax
@@ -223,7 +220,7 @@ def splat_constants():
     class _Splat(relax.PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _BROADCASTING):
+            if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.where"):
                 return call
             new = self.builder_.normalize(relax.Call(call.op, [splat(a) for a in call.args],
                                                      call.attrs, call.ty_args))
