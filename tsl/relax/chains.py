@@ -1,4 +1,4 @@
-"""Layout copies computed inside their consumers: the chains of TVM's fused glue, one copy each.
+"""Layout copies and row-wise neighbours computed inside their consumers: one function each.
 
 TVM's `FuseOps` does not fuse a producer into several consumers, nor through `take` (legalized
 as an opaque gather) or into the swap's operand packs, which come after fusion. An attention
@@ -13,15 +13,21 @@ is itself all spatial, with TVM's `FuseTIR`; a copy read by three consumers is c
 each, reading only the part each needs. Repeated until no copy feeds such a consumer, each
 chain becomes one function, which the `injective` rule inlines into one loop nest: the
 attention's Q, K and V each go from the QKV result to the batch matmul's operand in one pass.
-Functions with symbolic shapes are left alone (`tsl.relax.symbolic` owns those).
+
+A function read by one consumer only is merged into it too when nothing is computed twice:
+an element-wise function into an all-spatial consumer, and an element-wise function or a row
+reduction into a consumer that reduces rows (`_merges`): the residual add and the layer norm
+after it, the attention mask's max and the softmax, each become one function that
+`vector.rowwise` computes row by row. Functions with symbolic shapes are left alone
+(`tsl.relax.symbolic` owns those).
 """
 
 from __future__ import annotations
 
 
 def fuse_copy_chains(mod):
-    """`mod` with every copy (see above) computed inside its all-spatial consumers, until no
-    such pair is left; functions no longer called are dropped."""
+    """`mod` with every producer (see above) computed inside its consumers, until no such pair
+    is left; functions no longer called are dropped."""
     from tvm import relax
 
     names = [gv.name_hint for gv, f in mod.functions.items()
@@ -37,8 +43,8 @@ def fuse_copy_chains(mod):
 
 
 def _pairs(mod, func) -> dict:
-    """consumer call -> (argument position, producer call) for every copy whose every user is
-    an all-spatial call_tir of `func`."""
+    """consumer call -> (argument position, producer call) for every call_tir of `func` that
+    `_merges` into all its users (call_tirs, nothing else reads it)."""
     calls, users = _calls_and_users(func)
     pairs = {}
     for var, call in calls.items():
@@ -81,6 +87,7 @@ def _reduces_rows(mod, call) -> bool:
 
 
 def _sums_products(block) -> bool:
+    """The block accumulates products of two tensors (as the swap's matcher reads a GEMM)."""
     from .match import NoMatch, _product
 
     try:
