@@ -214,8 +214,9 @@ def _with(shape: tuple, v) -> tuple:
 
 def _branch(bb, plan: Plan, kn: int, params, consts: dict, v, exact: bool = False):
     """Emit kernel `kn`'s call at value `v` on the dispatch function's `params`; its result.
-    `exact`: for values that are whole blocks of the kernel, whose tensors are the kernel's
-    as they are (no pad before it, no crop after it)."""
+    `exact`: for the values whose tensors are the kernel's as they are (whole blocks of a
+    kernel with run-time rows, a per-rung kernel's own value): no pad before it, no crop
+    after it."""
     from tvm import relax, tirx
 
     g = plan.glue
@@ -234,8 +235,9 @@ def _branch(bb, plan: Plan, kn: int, params, consts: dict, v, exact: bool = Fals
             continue
         want = _kernel_shape(art, tb.shape, in_dims[i], v, exact)
         x = params[param]
-        if lay is None and g.same(tuple(x.ty.shape), want) and str(x.ty.dtype) == dtype:
-            fed.append(x)
+        view = _view(bb, g, x, want, dtype, exact) if lay is None else None
+        if view is not None:
+            fed.append(view)
         else:
             fed.append(_emit_te(bb, lambda n, shape=shape, tb=tb, i=i, lay=lay, dtype=dtype,
                                 tname=t.name: g.pack(
@@ -250,10 +252,31 @@ def _branch(bb, plan: Plan, kn: int, params, consts: dict, v, exact: bool = Fals
     y = bb.emit(relax.call_tir(plan.kernels[kn], fed + scalars,
                                relax.TensorType(out_shape, kdtype)))
     want, res = str(sm.match.result_buffer.dtype), _with(sm.result_shape, v)
-    if not g.same(out_shape, res) or kdtype != want:
+    view = _view(bb, g, y, res, want, exact)
+    if view is not None:
+        y = view
+    else:
         y = _emit_te(bb, lambda n: g.crop(None, _with(sm.out_shape, n),
                                             _with(sm.result_shape, n), want), y, v)
     return y
+
+
+def _view(bb, g, x, shape: tuple, dtype: str, exact: bool):
+    """`x` as a tensor of `shape` without a copy, or None: itself where the shapes are
+    provably equal; where `exact`, a shape cast checked at run time (a per-rung kernel's
+    (12, 128, 128) at s = 128), when only the symbol's dims differ."""
+    from tvm import relax, tirx
+
+    have = tuple(x.ty.shape)
+    if str(x.ty.dtype) != dtype or len(have) != len(shape):
+        return None
+    if g.same(have, shape):
+        return x
+    fixed = [(a, b) for a, b in zip(have, shape)
+             if isinstance(a, tirx.IntImm) and isinstance(b, (int, tirx.IntImm))]
+    if not exact or any(int(a) != int(b) for a, b in fixed):
+        return None
+    return bb.match_cast(x, relax.TensorType(list(shape), dtype))
 
 
 def _emit_te(bb, make, x, v):
@@ -294,7 +317,7 @@ def _dispatch(bb, plan: Plan, call, name: str):
     v = tirx.Var(str(sm.var.name), str(sm.var.ty))
     kernels, upper = {}, sm.family.syms[str(v.name)].upper
     for r in plan.art.table.ranges:
-        for exact in ((False, True) if _blocks(plan, r.kernel) else (False,)):
+        for exact in ((False, True) if _exact(plan, r.kernel, v) is not None else (False,)):
             if (r.kernel, exact) not in kernels:
                 params = _params(sm, args, consts, v)
                 # The bound lets TVM plan the kernel's buffers once (no allocation per call).
@@ -309,23 +332,29 @@ def _dispatch(bb, plan: Plan, call, name: str):
         return bb.emit(relax.Call(kernels[kn, exact], list(params.values())))
 
     def run(kn):
-        """A value of whole blocks runs the kernel on its tensors as they are: the pad and
-        crop copies (a 128 x 3072 output: 0.1 ms) only where the value is not."""
-        blocks = _blocks(plan, kn)
-        if not blocks:
+        """Where `_exact` holds the kernel runs on its tensors as they are: the pad and crop
+        copies (a 128 x 3072 output: 0.1 ms) only at the other values."""
+        cond = _exact(plan, kn, v)
+        if cond is None:
             return call(kn, False)
-        zero = tirx.IntImm(str(v.ty), 0)
-        whole = functools.reduce(tirx.And, [tirx.EQ(tirx.floormod(v, b), zero) for b in blocks])
-        return _if(bb, whole, lambda: call(kn, True), lambda: call(kn, False))
+        return _if(bb, cond, lambda: call(kn, True), lambda: call(kn, False))
     with bb.function(name, list(params.values()), private=True):
         gv = bb.emit_func_output(_chain(bb, list(plan.art.table.ranges), run, v))
     return gv, [a for i, a in enumerate(args) if i not in consts]
 
 
-def _blocks(plan: Plan, kn: int) -> list[int]:
-    """The blocks above 1 that kernel `kn` pads the symbol's axes to (none: nothing padded)."""
-    return sorted({b for b in (getattr(plan.art.kernels[kn].artifact, "blocks", None) or {})
-                   .values() if b > 1})
+def _exact(plan: Plan, kn: int, v):
+    """When kernel `kn` takes the tensors at value `v` as they are: v whole blocks of each
+    block above 1 (run-time rows), v its value (a per-rung kernel); None when always."""
+    from tvm import tirx
+
+    kernel = plan.art.kernels[kn]
+    blocks = getattr(kernel.artifact, "blocks", None)
+    if blocks is None:
+        return tirx.EQ(v, tirx.IntImm(str(v.ty), kernel.value))
+    zero = tirx.IntImm(str(v.ty), 0)
+    whole = [tirx.EQ(tirx.floormod(v, b), zero) for b in sorted(set(blocks.values())) if b > 1]
+    return functools.reduce(tirx.And, whole) if whole else None
 
 
 def _if(bb, cond, yes, no):
