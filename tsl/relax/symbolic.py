@@ -14,7 +14,9 @@ function becomes a call of a private Relax function
         elif ...
         else:          y = crop(call_tir(kernel_n, ...))
 
-so the graph compiles once and runs at any `s` up to the bound.
+so the graph compiles once and runs at any `s` up to the bound. Where `s` is whole blocks of
+the kernel (or a per-rung kernel's own value) the kernel takes x and gives y as they are, no
+pad and crop copies (`_exact`).
 """
 
 from __future__ import annotations
