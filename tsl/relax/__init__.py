@@ -73,7 +73,8 @@ def pipeline(target, database=None, reports: list | None = None,
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.pipeline")
     def _pipeline(mod, _ctx):
         with tgt:
-            return tvm.transform.Sequential(before + swap + vector + after)(mod)
+            return tvm.transform.Sequential(before + swap + vector + after
+                                            + [_one_pointer_noalias()])(mod)
 
     return _pipeline
 
@@ -89,6 +90,32 @@ def _offload(target):
         return None
     m = machine_for(target)
     return m if get_backend(m.backend).relax_offload(m) else None
+
+
+def _one_pointer_noalias():
+    """A pass marking `tirx.noalias` every PrimFunc with at most one pointer parameter (the
+    Relax VM's shape functions on its shape heap, `compute_symbolic_expr`): with one pointer
+    nothing can alias, and TVM 0.27's LLVM code generation, given one function without the
+    attribute in a module, tags every load and store of the module's kernels with one TBAA
+    type ("tvm-alias"). LLVM then keeps a GEMM's accumulators stored to memory and its
+    operands reloaded on every step: the dynamic-seq BERT layer's kernels ran 1.3-2x their
+    static build's (benchmarks/README.md, dyn38). Only models with a symbolic dim have such
+    functions."""
+    import tvm
+    from tvm import tirx
+
+    def pointers(f) -> int:  # buffers, and handles of a lowered function
+        return sum(1 for p in f.params
+                   if hasattr(p.ty, "shape") or str(getattr(p.ty, "dtype", "")) == "handle")
+
+    @tvm.transform.module_pass(opt_level=0, name="tsl.relax.OnePointerNoAlias")
+    def noalias(mod, _ctx):
+        for gv, f in list(mod.functions.items()):
+            if (isinstance(f, tirx.PrimFunc) and pointers(f) <= 1
+                    and not (f.attrs and f.attrs.get("tirx.noalias"))):
+                mod[gv] = f.with_attr("tirx.noalias", True)
+        return mod
+    return noalias
 
 
 def _vector_pass(target, tgt) -> list:

@@ -11,14 +11,17 @@ function becomes a call of a private Relax function
 
     def dispatch(x: (s, K)):           # the call site's weights packed once, per kernel layout
         if s <= hi_0:  y = crop(call_tir(kernel_0, pad(x, blocks of kernel 0), n = ceil(s/b0)))
-        elif ...
+        elif ...       (nested by halves of the ranges)
         else:          y = crop(call_tir(kernel_n, ...))
 
-so the graph compiles once and runs at any `s` up to the bound.
+so the graph compiles once and runs at any `s` up to the bound. Where `s` is whole blocks of
+the kernel (or a per-rung kernel's own value) the kernel takes x and gives y as they are, no
+pad and crop copies (`_exact`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -196,21 +199,26 @@ def _ceil_to(v, block: int):
     return v if block == 1 else (v + block - 1) // block * block
 
 
-def _kernel_shape(art, static: tuple, dims: dict, v) -> tuple:
+def _kernel_shape(art, static: tuple, dims: dict, v, exact: bool = False) -> tuple:
     """A kernel tensor's shape at symbol value `v` (a PrimExpr): run-time extents padded to
-    their blocks; a static kernel's shapes are its own."""
+    their blocks (`exact`: v itself, for values that are whole blocks); a static kernel's
+    shapes are its own."""
     blocks = getattr(art, "blocks", None)
     if not blocks:
         return tuple(static)
-    return tuple(_ceil_to(v, blocks[dims[d]]) if d in dims else n for d, n in enumerate(static))
+    return tuple(_ceil_to(v, 1 if exact else blocks[dims[d]]) if d in dims else n
+                 for d, n in enumerate(static))
 
 
 def _with(shape: tuple, v) -> tuple:
     return tuple(v if d is None else d for d in shape)
 
 
-def _branch(bb, plan: Plan, kn: int, params, consts: dict, v):
-    """Emit kernel `kn`'s call at value `v` on the dispatch function's `params`; its result."""
+def _branch(bb, plan: Plan, kn: int, params, consts: dict, v, exact: bool = False):
+    """Emit kernel `kn`'s call at value `v` on the dispatch function's `params`; its result.
+    `exact`: for the values whose tensors are the kernel's as they are (whole blocks of a
+    kernel with run-time rows, a per-rung kernel's own value): no pad before it, no crop
+    after it."""
     from tvm import relax, tirx
 
     g = plan.glue
@@ -227,16 +235,18 @@ def _branch(bb, plan: Plan, kn: int, params, consts: dict, v):
         if param in consts:
             fed.append(_packed_constant(consts, param, shape, tb.shape, lay, dtype))
             continue
-        want = _kernel_shape(art, tb.shape, in_dims[i], v)
+        want = _kernel_shape(art, tb.shape, in_dims[i], v, exact)
         x = params[param]
-        if lay is None and g.same(tuple(x.ty.shape), want) and str(x.ty.dtype) == dtype:
-            fed.append(x)
+        view = _view(bb, g, x, want, dtype, exact) if lay is None else None
+        if view is not None:
+            fed.append(view)
         else:
             fed.append(_emit_te(bb, lambda n, shape=shape, tb=tb, i=i, lay=lay, dtype=dtype,
                                 tname=t.name: g.pack(
-                                    _with(shape, n), _kernel_shape(art, tb.shape, in_dims[i], n),
+                                    _with(shape, n),
+                                    _kernel_shape(art, tb.shape, in_dims[i], n, exact),
                                     lay, dtype, f"tsl_pack_{tname}"), x, v))
-    out_shape = _kernel_shape(art, big.output.shape, getattr(art, "out_dims", {}), v)
+    out_shape = _kernel_shape(art, big.output.shape, getattr(art, "out_dims", {}), v, exact)
     kdtype = str(art.mod["main"].params[len(fed)].ty.dtype)
     blocks = getattr(art, "blocks", None) or {}
     scalars = [_ceil_to(v, blocks[a]) // blocks[a] for a in sorted(blocks)]
@@ -244,10 +254,31 @@ def _branch(bb, plan: Plan, kn: int, params, consts: dict, v):
     y = bb.emit(relax.call_tir(plan.kernels[kn], fed + scalars,
                                relax.TensorType(out_shape, kdtype)))
     want, res = str(sm.match.result_buffer.dtype), _with(sm.result_shape, v)
-    if not g.same(out_shape, res) or kdtype != want:
+    view = _view(bb, g, y, res, want, exact)
+    if view is not None:
+        y = view
+    else:
         y = _emit_te(bb, lambda n: g.crop(None, _with(sm.out_shape, n),
                                             _with(sm.result_shape, n), want), y, v)
     return y
+
+
+def _view(bb, g, x, shape: tuple, dtype: str, exact: bool):
+    """`x` as a tensor of `shape` without a copy, or None: itself where the shapes are
+    provably equal; where `exact`, a shape cast checked at run time (a per-rung kernel's
+    (12, 128, 128) at s = 128), when only the symbol's dims differ."""
+    from tvm import relax, tirx
+
+    have = tuple(x.ty.shape)
+    if str(x.ty.dtype) != dtype or len(have) != len(shape):
+        return None
+    if g.same(have, shape):
+        return x
+    fixed = [(a, b) for a, b in zip(have, shape)
+             if isinstance(a, tirx.IntImm) and isinstance(b, (int, tirx.IntImm))]
+    if not exact or any(int(a) != int(b) for a, b in fixed):
+        return None
+    return bb.match_cast(x, relax.TensorType(list(shape), dtype))
 
 
 def _emit_te(bb, make, x, v):
@@ -288,20 +319,58 @@ def _dispatch(bb, plan: Plan, call, name: str):
     v = tirx.Var(str(sm.var.name), str(sm.var.ty))
     kernels, upper = {}, sm.family.syms[str(v.name)].upper
     for r in plan.art.table.ranges:
-        if r.kernel not in kernels:
-            params = _params(sm, args, consts, v)
-            # The bound lets TVM plan the kernel's buffers once (no allocation per call).
-            with bb.function(f"{name}_k{r.kernel}", list(params.values()), private=True,
-                             attrs={"tir_var_upper_bound": {str(v.name): upper}}):
-                kernels[r.kernel] = bb.emit_func_output(
-                    _branch(bb, plan, r.kernel, params, consts, v))
+        for exact in ((False, True) if _exact(plan, r.kernel, v) is not None else (False,)):
+            if (r.kernel, exact) not in kernels:
+                params = _params(sm, args, consts, v)
+                # The bound lets TVM plan the kernel's buffers once (no allocation per call).
+                with bb.function(f"{name}_k{r.kernel}{'_exact' if exact else ''}",
+                                 list(params.values()), private=True,
+                                 attrs={"tir_var_upper_bound": {str(v.name): upper}}):
+                    kernels[r.kernel, exact] = bb.emit_func_output(
+                        _branch(bb, plan, r.kernel, params, consts, v, exact))
     params = _params(sm, args, consts, v)
 
+    def call(kn, exact):
+        return bb.emit(relax.Call(kernels[kn, exact], list(params.values())))
+
     def run(kn):
-        return bb.emit(relax.Call(kernels[kn], list(params.values())))
+        """Where `_exact` holds the kernel runs on its tensors as they are: the pad and crop
+        copies (a 128 x 3072 output: 0.1 ms) only at the other values."""
+        cond = _exact(plan, kn, v)
+        if cond is None:
+            return call(kn, False)
+        return _if(bb, cond, lambda: call(kn, True), lambda: call(kn, False))
     with bb.function(name, list(params.values()), private=True):
         gv = bb.emit_func_output(_chain(bb, list(plan.art.table.ranges), run, v))
     return gv, [a for i, a in enumerate(args) if i not in consts]
+
+
+def _exact(plan: Plan, kn: int, v):
+    """When kernel `kn` takes the tensors at value `v` as they are: v whole blocks of each
+    block above 1 (run-time rows), v its value (a per-rung kernel); None when always."""
+    from tvm import tirx
+
+    kernel = plan.art.kernels[kn]
+    blocks = getattr(kernel.artifact, "blocks", None)
+    if blocks is None:
+        return tirx.EQ(v, tirx.IntImm(str(v.ty), kernel.value))
+    zero = tirx.IntImm(str(v.ty), 0)
+    whole = [tirx.EQ(tirx.floormod(v, b), zero) for b in sorted(set(blocks.values())) if b > 1]
+    return functools.reduce(tirx.And, whole) if whole else None
+
+
+def _if(bb, cond, yes, no):
+    """Emit `if cond: yes() else: no()` (each emitting its branch's bindings); its value."""
+    from tvm import relax
+
+    bb._begin_binding_block()
+    a = yes()
+    a_block = bb._end_block()
+    bb._begin_binding_block()
+    b = no()
+    b_block = bb._end_block()
+    return bb.emit(relax.If(relax.prim_value(cond), relax.SeqExpr([a_block], a),
+                            relax.SeqExpr([b_block], b)))
 
 
 def _params(sm: SymMatch, args, consts: dict, v) -> dict:
@@ -320,20 +389,13 @@ def _params(sm: SymMatch, args, consts: dict, v) -> dict:
 
 
 def _chain(bb, ranges: list, run, v):
-    """if v <= hi_0: run(kernel of range 0) elif ...: run(the last range's kernel)."""
-    from tvm import relax
-
-    r = ranges[0]
+    """run(the kernel of the range holding v), by halving the ranges: ~4 Ifs for 14 ranges,
+    not up to 13 (each If a few VM instructions, per GEMM call)."""
     if len(ranges) == 1:
-        return run(r.kernel)
-    bb._begin_binding_block()
-    yes = run(r.kernel)
-    yes_block = bb._end_block()
-    bb._begin_binding_block()
-    no = _chain(bb, ranges[1:], run, v)
-    no_block = bb._end_block()
-    return bb.emit(relax.If(relax.prim_value(v <= r.hi), relax.SeqExpr([yes_block], yes),
-                            relax.SeqExpr([no_block], no)))
+        return run(ranges[0].kernel)
+    half = len(ranges) // 2
+    return _if(bb, v <= ranges[half - 1].hi, lambda: _chain(bb, ranges[:half], run, v),
+               lambda: _chain(bb, ranges[half:], run, v))
 
 
 def _scalars_first(f):
