@@ -204,8 +204,7 @@ def _vector_reduce(sch, block, lanes: int, rows: int) -> bool:
     """Reduce along the contiguous (innermost) axis in `lanes` partial sums (rfactor): the partial
     block is vectorized over the lanes, the lanes are then summed per row. LLVM will not vectorize
     a float reduction itself (it may not reassociate). False when the loop does not split evenly
-    into lanes or TVM refuses the rfactor; the block is then left row-parallel only. `rows`: the
-    outer loops to run parallel (0: the block is already inside a parallel loop)."""
+    into lanes or TVM refuses the rfactor; the block is then left row-parallel only."""
     from tvm.s_tir.schedule import ScheduleError
 
     loops = sch.get_loops(block)
@@ -214,13 +213,12 @@ def _vector_reduce(sch, block, lanes: int, rows: int) -> bool:
         return False
     try:
         _, ki = sch.split(loops[-1], factors=[None, lanes])
-        rf = sch.rfactor(ki, factor_axis=len(sch.get(block).writes[0].source.shape))
+        rf = sch.rfactor(ki, factor_axis=len(loops) - 1)
     except ScheduleError:
         return False
     sch.vectorize(sch.get_loops(rf)[-1])
-    if rows:
-        _parallel_rows(sch, rf, rows)
-        _parallel_rows(sch, block, rows)
+    _parallel_rows(sch, rf, rows)
+    _parallel_rows(sch, block, rows)
     return True
 
 
