@@ -150,11 +150,29 @@ def plan(mod, machine, database=None, upper_bounds=None) -> tuple[dict, Report]:
         except TSLError as e:
             d.reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
             continue
+        m, art = _cheaper_variant(m, art, machine, database)
+        d.pattern = m.pattern
         fn = art.schedule
         d.taken, d.knobs = True, dict(fn.knob_values)
         d.schedule = _schedule_name(m.op)
         plans[name] = (m, art)
     return plans, report
+
+
+def _cheaper_variant(m, art, machine, database):
+    """(Match, Artifact): an NCHW 1x1 conv's variant with the pixels on the vector lanes
+    (`match.pixels_on_lanes`) where it builds and the cost model prices it below the implicit
+    GEMM's `art`, else `m` and `art` as they are."""
+    alt = matching.pixels_on_lanes(m)
+    if alt is None:
+        return m, art
+    try:
+        alt_art = _build(alt.op, machine, database)
+        if alt_art.estimate().seconds < art.estimate().seconds:
+            return alt, alt_art
+    except TSLError:
+        pass  # the machine's primitive cannot read B in place: the conv as it is
+    return m, art
 
 
 def _schedule_name(op) -> str:
@@ -334,7 +352,9 @@ def _layout_attrs(kind: str, operand: str | None = None) -> dict:
 def _feed_input(bb, m, art, i, t, tb, args):
     """Kernel input `i` (operator tensor `t`, padded `tb`): a NumPy array when the argument is
     a constant (padded here, packed by the caller), the argument itself when the kernel takes
-    it as it is, else a pack call."""
+    it as it is (reshaped, for an operator that reads it in place), else a pack call."""
+    from tvm import relax
+
     operand = m.operands[t.role]
     lay = art.ctx.layouts.get(i)
     dtype = art.ctx.input_dtype(i)
@@ -343,9 +363,12 @@ def _feed_input(bb, m, art, i, t, tb, args):
     if value is not None:
         x = value.reshape(operand.shape).astype(np_dtype(dtype))
         return np.pad(x, [(0, b - a) for a, b in zip(x.shape, tb.shape)])
-    if (lay is None and operand.shape == tb.shape and str(arg.ty.dtype) == dtype
-            and tuple(int(d) for d in arg.ty.shape) == tb.shape):
-        return arg
+    if lay is None and operand.shape == tb.shape and str(arg.ty.dtype) == dtype:
+        if tuple(int(d) for d in arg.ty.shape) == tb.shape:
+            return arg
+        if art.op.params.get("activation_b"):
+            # Read in place: the same elements in another shape (a view, no copy).
+            return bb.emit(relax.op.reshape(arg, tb.shape))
     return bb.emit_te(_pack_te(operand.shape, tb.shape, lay, dtype, f"tsl_pack_{t.name}"), arg,
                       primfunc_name_hint=f"tsl_pack_{t.name}",
                       primfunc_attrs=_layout_attrs("pad" if lay is None else "pack", t.name))
@@ -374,10 +397,14 @@ def _feed(bb, m, art, args) -> list:
 def _result(bb, m, art, y, args):
     """What TVM's function returned, from the kernel's output `y`: cropped / reshaped /
     cast when the kernel writes more or another dtype, then the element-wise tail."""
+    from tvm import relax
+
     out = art.ctx.op.output
     kdtype = str(art.mod["main"].params[-1].ty.dtype)
     want = str(m.result_buffer.dtype)
-    if out.shape != m.result_shape or kdtype != want:
+    if art.op.params.get("activation_b") and out.shape != m.result_shape and kdtype == want:
+        y = bb.emit(relax.op.reshape(y, m.result_shape))  # written in place: a view
+    elif out.shape != m.result_shape or kdtype != want:
         y = bb.emit_te(_crop_te(out.shape, m.op.output.shape, m.result_shape, want), y,
                        primfunc_name_hint="tsl_crop", primfunc_attrs=_layout_attrs("crop"))
     if m.tail:
