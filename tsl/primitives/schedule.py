@@ -146,6 +146,17 @@ class Schedule:
         """Each axis's extent after padding to its outer tile and the primitive's shape."""
         return dict(self._padded)
 
+    def tiled_extents(self) -> dict[str, int]:
+        """Each axis's extent as its loops cover it: `padded_extents`, but a predicated axis
+        (`predicate`) at its tiles' span too, the iterations its last tile runs under the
+        predicate included."""
+        out = dict(self._padded)
+        parts = [p for lp in self.loops for p in (lp.parts or (lp,))]
+        for axis in self.predicated:
+            outer = next(p for p in parts if p.axes[0] == axis)
+            out[axis] = outer.span
+        return out
+
     def role_of(self, axis: str) -> str:
         if axis not in self._role:
             raise ScheduleError(f"role_of({axis!r}): no such axis; axes are {list(self._role)}")
