@@ -56,7 +56,9 @@ class Match:
     def pattern(self) -> str:
         steps = "+".join(s.kind for s in self.op.epilogue.steps)
         cast = f"->{self.op.epilogue.out_dtype}" if self.op.epilogue.out_dtype else ""
-        return f"{self.op.name}{'+' + steps if steps else ''}{cast}" + (
+        # A 1x1 conv taken as the GEMM that reads its activation in place (`pixels_on_lanes`).
+        name = "conv2d 1x1 as matmul" if self.op.params.get("activation_b") else self.op.name
+        return f"{name}{'+' + steps if steps else ''}{cast}" + (
             f" (+{len(self.tail)} element-wise block(s) left to TVM)" if self.tail else "")
 
 
