@@ -76,19 +76,41 @@ class Report:
 
 
 _BUILDS: dict = {}
+_RECORDS: dict = {}
+
+
+def _key(op, machine, database) -> tuple:
+    return (str(op), repr(op.params), op.dtype, op.acc_dtype, repr(op.epilogue), machine.name,
+            id(database) if database is not None and not isinstance(database, dict)
+            else json.dumps(database, sort_keys=True, default=str))
+
+
+def _recorded(op, machine, database):
+    """The schedule tsl.build builds `op` with (the database's knobs, else the model's), with a
+    per-process cache: the swap prices a 1x1 conv's two forms before it builds one."""
+    from ..build import tuned_knobs
+    from ..record import record
+    from ..schedules import default_schedule
+
+    key = _key(op, machine, database)
+    if key not in _RECORDS:
+        knobs = (tuned_knobs(database, op, machine, default_schedule(op.name))
+                 if hasattr(database, "best_for") else database)
+        s = record(op, machine, None, knobs)
+        s.as_written = bool(knobs)
+        _RECORDS[key] = s
+    return _RECORDS[key]
 
 
 def _build(op, machine, database):
     """tsl.build with a per-process cache: a model repeats shapes (ResNet's blocks)."""
     from ..backend import get_backend
-    from ..build import build
 
-    key = (str(op), repr(op.params), op.dtype, op.acc_dtype, repr(op.epilogue), machine.name,
-           id(database) if database is not None and not isinstance(database, dict)
-           else json.dumps(database, sort_keys=True, default=str))
+    key = _key(op, machine, database)
     if key not in _BUILDS:
-        _BUILDS[key] = build(op, machine, knobs=database,
-                             **get_backend(machine.backend).relax_options(machine))
+        backend = get_backend(machine.backend)
+        _BUILDS[key] = backend.build(_recorded(op, machine, database),
+                                     **backend.relax_options(machine))
     return _BUILDS[key]
 
 
@@ -144,14 +166,13 @@ def plan(mod, machine, database=None, upper_bounds=None) -> tuple[dict, Report]:
             d.reason = str(e)
             continue
         report.decisions.append(d)
+        m = _cheaper_form(m, machine, database)
         d.pattern = m.pattern
         try:
             art = _build(m.op, machine, database)
         except TSLError as e:
             d.reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
             continue
-        m, art = _cheaper_variant(m, art, machine, database)
-        d.pattern = m.pattern
         fn = art.schedule
         d.taken, d.knobs = True, dict(fn.knob_values)
         d.schedule = _schedule_name(m.op)
@@ -159,20 +180,22 @@ def plan(mod, machine, database=None, upper_bounds=None) -> tuple[dict, Report]:
     return plans, report
 
 
-def _cheaper_variant(m, art, machine, database):
-    """(Match, Artifact): an NCHW 1x1 conv's variant with the pixels on the vector lanes
-    (`match.pixels_on_lanes`) where it builds and the cost model prices it below the implicit
-    GEMM's `art`, else `m` and `art` as they are."""
+def _cheaper_form(m, machine, database):
+    """An NCHW 1x1 conv's variant with the pixels on the vector lanes (`match.pixels_on_lanes`)
+    where the cost model prices it below the implicit GEMM of `m`, else `m`. Both are priced
+    before either is built (building both added a third to MobileNetV2's compile time)."""
+    from ..model import evaluate
+
     alt = matching.pixels_on_lanes(m)
     if alt is None:
-        return m, art
+        return m
     try:
-        alt_art = _build(alt.op, machine, database)
-        if alt_art.estimate().seconds < art.estimate().seconds:
-            return alt, alt_art
+        if (evaluate(_recorded(alt.op, machine, database)).seconds
+                < evaluate(_recorded(m.op, machine, database)).seconds):
+            return alt
     except TSLError:
-        pass  # the machine's primitive cannot read B in place: the conv as it is
-    return m, art
+        pass  # either does not fit (the primitive cannot read B in place): the conv as it is
+    return m
 
 
 def _schedule_name(op) -> str:
