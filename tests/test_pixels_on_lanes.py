@@ -50,14 +50,23 @@ def test_in_place_gemm_against_numpy(machine, pixels, epilogue):
     assert op.input("bias").shape == (37,)
 
 
+def _whole_vectors(machine, **options) -> bool:
+    art = tsl.build(ops.matmul(16, 196, 8, activation_b=True), machine,
+                    knobs={"n_inner": 1, "n_outer": 1, "m_inner": 4}, **options)
+    ll = art.executable.mod.inspect_source("ll")
+    lanes = _lanes(machine)
+    return f"<{lanes} x float> @llvm.fmuladd" in ll or f"<{lanes} x float> @llvm.fma" in ll
+
+
 def test_whole_tiles_stay_vectors(machine):
     """The predicated edge is split off (LoopPartition): the whole tiles' FMAs stay full vectors
     of the machine's lanes; left under the predicate, TVM scalarizes every tile."""
-    lanes = _lanes(machine)
-    art = tsl.build(ops.matmul(16, 196, 8, activation_b=True), machine,
-                    knobs={"n_inner": 1, "n_outer": 1, "m_inner": 4})
-    ll = art.executable.mod.inspect_source("ll")
-    assert f"<{lanes} x float> @llvm.fmuladd" in ll or f"<{lanes} x float> @llvm.fma" in ll
+    assert _whole_vectors(machine)
+
+
+def test_whole_tiles_stay_vectors_on_aarch64():
+    """The same on NEON's 4 lanes (cross-compiled: no aarch64 host needed)."""
+    assert _whole_vectors(tsl.load_machine("aarch64-neon"), cross=True)
 
 
 def test_in_place_needs_a_vector_fma_primitive():
