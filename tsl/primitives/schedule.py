@@ -283,7 +283,8 @@ class Schedule:
         ``if j.0 * 16 + j.1 < 196`` around the body."""
         self._check_loop("predicate", loop)
         axis = loop.axes[0] if len(loop.axes) == 1 else None
-        if axis is None or loop is not self.axes_outermost(axis) or loop.extent != self._extent[axis]:
+        if (axis is None or loop is not self.axes_outermost(axis)
+                or loop.extent != self._extent[axis]):
             raise ScheduleError(f"predicate({loop.name}): needs an axis's only loop, before it "
                                 f"is tiled or fused")
         self.predicated.add(axis)

@@ -539,7 +539,8 @@ def pixels_on_lanes(m: Match) -> Match | None:
                            epilogue=op.epilogue, activation_b=True)
     except TSLError:
         return None
-    ops = {"A": Operand(m.operands["B"].param, (K, C)), "B": Operand(m.operands["A"].param, (C, H * W))}
+    ops = {"A": Operand(m.operands["B"].param, (K, C)),
+           "B": Operand(m.operands["A"].param, (C, H * W))}
     for name, operand in m.operands.items():
         if name not in ("A", "B"):
             ops[name] = Operand(operand.param, gemm.input(name).shape)
