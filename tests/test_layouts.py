@@ -18,15 +18,16 @@ C = 20  # not a multiple of any CPU kernel's channel block (8, 16): every conv p
 class PaddedResidual(torch.nn.Module):
     """Convs of 20 channels with two residual adds, a depthwise conv between them (TVM's
     function, not a tsl kernel) and a 10-class head: each conv output is cropped by the swap,
-    each residual padded back."""
+    each residual padded back. (3x3 convs: a 1x1 conv may become the GEMM that reads and
+    writes NCHW in place, `match.pixels_on_lanes`, with nothing to crop or pad.)"""
 
     def __init__(self):
         super().__init__()
         self.stem = torch.nn.Conv2d(3, C, 3, padding=1)
-        self.conv1 = torch.nn.Conv2d(C, C, 1)
+        self.conv1 = torch.nn.Conv2d(C, C, 3, padding=1)
         self.conv2 = torch.nn.Conv2d(C, C, 3, padding=1)
         self.dw = torch.nn.Conv2d(C, C, 3, padding=1, groups=C)
-        self.conv3 = torch.nn.Conv2d(C, C, 1)
+        self.conv3 = torch.nn.Conv2d(C, C, 3, padding=1)
         self.fc = torch.nn.Linear(C, 10)
 
     def forward(self, x):

@@ -112,10 +112,13 @@ class Artifact:
         return [self._pack(i, x) for i, x in enumerate(xs)] + self._compensation(xs)
 
     def constants(self) -> list[str]:
-        """The inputs a model fixes once (weights, bias, scale): dense's and conv2d's B and
-        the epilogue's per-channel operands; matmul's B, residuals and A come per call."""
+        """The inputs a model fixes once (weights, bias, scale): dense's and conv2d's B (A of
+        a matmul whose B is an activation, `activation_b`) and the epilogue's per-channel
+        operands; matmul's B, residuals and A come per call."""
         per_call = {"A", "residual"} | ({"B"} if self.op.name in ("matmul", "batch_matmul")
                                         else set())
+        if self.op.params.get("activation_b"):
+            per_call -= {"A"}  # A holds a 1x1 conv's weights, B its activation
         return [t.name for t in self.op.inputs if t.role not in per_call]
 
     def user_time(self, arrays, repeat: int = 7) -> dict:

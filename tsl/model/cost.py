@@ -504,7 +504,9 @@ def compute_parts(s: Schedule) -> tuple[dict, float, list[str]]:
     store: its write-back where the core's own stores do it (`store_cycles`); epilogue: the
     fused steps on the vector unit of the accumulator's level."""
     m, p = s.machine, s.primitive
-    padded = math.prod(s.padded_extents().values())
+    # A predicated edge tile (`Schedule.predicate`) costs a whole one: its columns run one
+    # by one where the whole tiles run in vectors.
+    padded = math.prod(s.tiled_extents().values())
     units = busy_units(s)
     notes = []
     parts = {"primitive": 0.0, "reset": 0.0, "store": 0.0, "epilogue": 0.0}

@@ -80,7 +80,8 @@ def _gemm_te(name, dtype, acc, epilogue, batch, M, N, K, transpose_b, chan_axis)
         A = te.placeholder(bshape + (M, K), dtype, name="A")
         B = te.placeholder(bshape + ((N, K) if transpose_b else (K, N)), b_dtype or dtype,
                            name="B")
-        operands = _operand_placeholders(epilogue, N, bshape + (M, N), acc)
+        operands = _operand_placeholders(epilogue, (bshape + (M, N))[chan_axis],
+                                         bshape + (M, N), acc)
         Aq, shifted = _a_stage(A, a_dtype, dtype)
         k = te.reduce_axis((0, K), name="k")
 
@@ -105,17 +106,17 @@ def _gemm_te(name, dtype, acc, epilogue, batch, M, N, K, transpose_b, chan_axis)
     return build
 
 
-def _gemm_ref(dtype, acc, epilogue, transpose_b):
+def _gemm_ref(dtype, acc, epilogue, transpose_b, chan_axis=-1):
     def ref(a, b, *rest):
         a64, b64 = acc_numpy(dtype, acc, a, b)
         if transpose_b:
             b64 = np.swapaxes(b64, -1, -2)
         c = finish(np.matmul(a64, b64), acc)
-        return epilogue.numpy(c, _operand_arrays(epilogue, rest), -1)
+        return epilogue.numpy(c, _operand_arrays(epilogue, rest), chan_axis)
     return ref
 
 
-def _gemm(name, M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=0):
+def _gemm(name, M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=0, activation_b=False):
     dims = dict(M=M, N=N, K=K) | ({"batch": batch} if batch else {})
     check_dims(name, **dims)
     acc = check_dtypes(name, dtype, acc_dtype)
@@ -123,7 +124,12 @@ def _gemm(name, M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=0):
     bshape = (batch,) if batch else ()
     inputs = (Tensor("A", bshape + (M, K), dtype, "A"),
               Tensor("B", bshape + ((N, K) if transpose_b else (K, N)), dtype, "B"))
-    inputs = _with_operands(inputs, ep, N, bshape + (M, N), acc)
+    if activation_b and (transpose_b or batch):
+        raise ScheduleError(f"{name}(activation_b=True): B is read as an activation [K, N] "
+                            f"in place; it cannot be transposed or batched")
+    # activation_b: the output channels are A's rows (a 1x1 conv's weights), not B's columns.
+    chans, chan_axis = (M, len(bshape)) if activation_b else (N, len(bshape) + 1)
+    inputs = _with_operands(inputs, ep, chans, bshape + (M, N), acc)
     axes = ((Axis("b", batch, "b"),) if batch else ()) + (
         Axis("i", M, "m"), Axis("j", N, "n"), Axis("k", K, "k"))
     shape = bshape + (M, N, K)
@@ -135,22 +141,30 @@ def _gemm(name, M, N, K, dtype, acc_dtype, transpose_b, epilogue, batch=0):
 
     def pad(e):
         return _gemm(name, e["i"], e["j"], e["k"], dtype, acc_dtype, transpose_b, epilogue,
-                     batch=batch)
+                     batch=batch, activation_b=activation_b)
 
-    return Operator(name=name, params={"shape": shape, "transpose_b": transpose_b},
+    params = {"shape": shape, "transpose_b": transpose_b} | (
+        {"activation_b": True} if activation_b else {})
+    return Operator(name=name, params=params,
                     dtype=dtype, acc_dtype=acc, epilogue=ep, inputs=inputs,
                     output=Tensor("out", bshape + (M, N), ep.out_dtype or acc, "out"),
                     axes=axes, macs=(batch or 1) * M * N * K,
-                    _te=_gemm_te(name, dtype, acc, ep, batch, M, N, K, transpose_b, len(bshape) + 1),
-                    _ref=_gemm_ref(dtype, acc, ep, transpose_b), _tile=tile,
-                    _pad=pad, channel_axis=-1)
+                    _te=_gemm_te(name, dtype, acc, ep, batch, M, N, K, transpose_b, chan_axis),
+                    _ref=_gemm_ref(dtype, acc, ep, transpose_b, chan_axis - len(bshape) - 2),
+                    _tile=tile, _pad=pad, channel_axis=chan_axis - len(bshape) - 2)
 
 
 @symbolic
 def matmul(M: int, N: int, K: int, dtype: str = "float32", acc_dtype: str | None = None,
-           transpose_b: bool = False, epilogue=None) -> Operator:
-    """C[M,N] = A[M,K] @ B[K,N] (B given as [N,K] when `transpose_b`), then `epilogue`."""
-    return _gemm("matmul", M, N, K, dtype, acc_dtype, transpose_b, epilogue)
+           transpose_b: bool = False, epilogue=None, activation_b: bool = False) -> Operator:
+    """C[M,N] = A[M,K] @ B[K,N] (B given as [N,K] when `transpose_b`), then `epilogue`.
+
+    `activation_b`: B is an activation read where it lies, not packed and not padded (the
+    schedule predicates its last columns), and A holds the weights: an NCHW 1x1 conv as
+    out[co, pixels] = W[co, ci] @ X[ci, pixels], the pixels on the vector lanes. The
+    epilogue's channel vectors (bias) then run along the rows (M)."""
+    return _gemm("matmul", M, N, K, dtype, acc_dtype, transpose_b, epilogue,
+                 activation_b=activation_b)
 
 
 @symbolic

@@ -113,6 +113,7 @@ class Schedule:
         self.loops: list[Loop] = [Loop(a.name, (a.name,), a.extent) for a in op.axes]
         self._extent = {a.name: a.extent for a in op.axes}
         self._padded = dict(self._extent)
+        self.predicated: set[str] = set()  # axes left unpadded (`predicate`)
         self._role = {a.name: a.role for a in op.axes}
         self._counter: dict[str, int] = {}
         self._nest: tuple = ()  # the loop nest the footprints in _elements were taken on
@@ -144,6 +145,17 @@ class Schedule:
     def padded_extents(self) -> dict[str, int]:
         """Each axis's extent after padding to its outer tile and the primitive's shape."""
         return dict(self._padded)
+
+    def tiled_extents(self) -> dict[str, int]:
+        """Each axis's extent as its loops cover it: `padded_extents`, but a predicated axis
+        (`predicate`) at its tiles' span too, the iterations its last tile runs under the
+        predicate included."""
+        out = dict(self._padded)
+        parts = [p for lp in self.loops for p in (lp.parts or (lp,))]
+        for axis in self.predicated:
+            outer = next(p for p in parts if p.axes[0] == axis)
+            out[axis] = outer.span
+        return out
 
     def role_of(self, axis: str) -> str:
         if axis not in self._role:
@@ -244,7 +256,8 @@ class Schedule:
         if self.axes_outermost(axis) is loop:
             # The outermost loop of an axis may grow: the axis is padded to its outer tile.
             span = -(-self._padded[axis] // sizes[0]) * sizes[0]
-            self._padded[axis] = span
+            if axis not in self.predicated:
+                self._padded[axis] = span
         else:
             span = loop.span
             if span % sizes[0]:
@@ -258,6 +271,24 @@ class Schedule:
         self.loops[pos:pos + 1] = new
         self.steps.append(Step("tile", (loop,) + tuple(sizes), tuple(new)))
         return new
+
+    def predicate(self, loop: Loop) -> None:
+        """Leave the axis of `loop` (not yet tiled) unpadded: the operator keeps its extent
+        and the tiles that cross its end are predicated, for an operand read where it lies
+        (an activation that a padded copy per call would cost more than the kernel saves).
+        The back end masks the last tiles or splits them off the whole ones.
+
+        Before ``predicate(j); tile(j, 16)`` on N = 196: ``for j.0 in range(13): for j.1 in
+        range(16)`` over a B padded to 208 columns; after: the same loops over B's 196 columns,
+        ``if j.0 * 16 + j.1 < 196`` around the body."""
+        self._check_loop("predicate", loop)
+        axis = loop.axes[0] if len(loop.axes) == 1 else None
+        if (axis is None or loop is not self.axes_outermost(axis)
+                or loop.extent != self._extent[axis]):
+            raise ScheduleError(f"predicate({loop.name}): needs an axis's only loop, before it "
+                                f"is tiled or fused")
+        self.predicated.add(axis)
+        self.steps.append(Step("predicate", (loop,)))
 
     def axes_outermost(self, axis: str) -> Loop:
         return next(lp for lp in self.loops if axis in lp.axes)

@@ -56,7 +56,9 @@ class Match:
     def pattern(self) -> str:
         steps = "+".join(s.kind for s in self.op.epilogue.steps)
         cast = f"->{self.op.epilogue.out_dtype}" if self.op.epilogue.out_dtype else ""
-        return f"{self.op.name}{'+' + steps if steps else ''}{cast}" + (
+        # A 1x1 conv taken as the GEMM that reads its activation in place (`pixels_on_lanes`).
+        name = "conv2d 1x1 as matmul" if self.op.params.get("activation_b") else self.op.name
+        return f"{name}{'+' + steps if steps else ''}{cast}" + (
             f" (+{len(self.tail)} element-wise block(s) left to TVM)" if self.tail else "")
 
 
@@ -519,3 +521,28 @@ def _check_tail(tail, cur, params, absorbed) -> list[int]:
             elif i < 0 and not _same(src, cur) and str(src.name) not in mine:
                 raise NoMatch(f"block {blk.name_hint} reads {src.name}, unknown")
     return used
+
+
+def pixels_on_lanes(m: Match) -> Match | None:
+    """An NCHW 1x1 conv of one image (stride 1, no padding, one group) as the GEMM
+    out[co, pixels] = W[co, ci] @ X[ci, pixels] with X read in place (`matmul(activation_b=
+    True)`: the pixels on the vector lanes, stored straight into NCHW); the weights become A,
+    the data B, both reshaped, not copied. None when `m` is no such conv."""
+    op = m.op
+    if op.name != "conv2d" or op.params["layout"] != "NCHW":
+        return None
+    N, C, H, W, K, R, S = op.params["shape"]
+    if (N, R, S, op.params["stride"], op.params["padding"]) != (1, 1, 1, 1, 0):
+        return None
+    try:
+        gemm = defs.matmul(K, H * W, C, dtype=op.dtype, acc_dtype=op.acc_dtype,
+                           epilogue=op.epilogue, activation_b=True)
+    except TSLError:
+        return None
+    ops = {"A": Operand(m.operands["B"].param, (K, C)),
+           "B": Operand(m.operands["A"].param, (C, H * W))}
+    for name, operand in m.operands.items():
+        if name not in ("A", "B"):
+            ops[name] = Operand(operand.param, gemm.input(name).shape)
+    return Match(gemm, ops, m.result_shape, m.result_buffer, m.tail, m.tail_params,
+                 m.tail_buffers)

@@ -76,19 +76,41 @@ class Report:
 
 
 _BUILDS: dict = {}
+_RECORDS: dict = {}
+
+
+def _key(op, machine, database) -> tuple:
+    return (str(op), repr(op.params), op.dtype, op.acc_dtype, repr(op.epilogue), machine.name,
+            id(database) if database is not None and not isinstance(database, dict)
+            else json.dumps(database, sort_keys=True, default=str))
+
+
+def _recorded(op, machine, database):
+    """The schedule tsl.build builds `op` with (the database's knobs, else the model's), with a
+    per-process cache: the swap prices a 1x1 conv's two forms before it builds one."""
+    from ..build import tuned_knobs
+    from ..record import record
+    from ..schedules import default_schedule
+
+    key = _key(op, machine, database)
+    if key not in _RECORDS:
+        knobs = (tuned_knobs(database, op, machine, default_schedule(op.name))
+                 if hasattr(database, "best_for") else database)
+        s = record(op, machine, None, knobs)
+        s.as_written = bool(knobs)
+        _RECORDS[key] = s
+    return _RECORDS[key]
 
 
 def _build(op, machine, database):
     """tsl.build with a per-process cache: a model repeats shapes (ResNet's blocks)."""
     from ..backend import get_backend
-    from ..build import build
 
-    key = (str(op), repr(op.params), op.dtype, op.acc_dtype, repr(op.epilogue), machine.name,
-           id(database) if database is not None and not isinstance(database, dict)
-           else json.dumps(database, sort_keys=True, default=str))
+    key = _key(op, machine, database)
     if key not in _BUILDS:
-        _BUILDS[key] = build(op, machine, knobs=database,
-                             **get_backend(machine.backend).relax_options(machine))
+        backend = get_backend(machine.backend)
+        _BUILDS[key] = backend.build(_recorded(op, machine, database),
+                                     **backend.relax_options(machine))
     return _BUILDS[key]
 
 
@@ -144,6 +166,7 @@ def plan(mod, machine, database=None, upper_bounds=None) -> tuple[dict, Report]:
             d.reason = str(e)
             continue
         report.decisions.append(d)
+        m = _cheaper_form(m, machine, database)
         d.pattern = m.pattern
         try:
             art = _build(m.op, machine, database)
@@ -155,6 +178,24 @@ def plan(mod, machine, database=None, upper_bounds=None) -> tuple[dict, Report]:
         d.schedule = _schedule_name(m.op)
         plans[name] = (m, art)
     return plans, report
+
+
+def _cheaper_form(m, machine, database):
+    """An NCHW 1x1 conv's variant with the pixels on the vector lanes (`match.pixels_on_lanes`)
+    where the cost model prices it below the implicit GEMM of `m`, else `m`. Both are priced
+    before either is built (building both added a third to MobileNetV2's compile time)."""
+    from ..model import evaluate
+
+    alt = matching.pixels_on_lanes(m)
+    if alt is None:
+        return m
+    try:
+        if (evaluate(_recorded(alt.op, machine, database)).seconds
+                < evaluate(_recorded(m.op, machine, database)).seconds):
+            return alt
+    except TSLError:
+        pass  # either does not fit (the primitive cannot read B in place): the conv as it is
+    return m
 
 
 def _schedule_name(op) -> str:
@@ -334,7 +375,9 @@ def _layout_attrs(kind: str, operand: str | None = None) -> dict:
 def _feed_input(bb, m, art, i, t, tb, args):
     """Kernel input `i` (operator tensor `t`, padded `tb`): a NumPy array when the argument is
     a constant (padded here, packed by the caller), the argument itself when the kernel takes
-    it as it is, else a pack call."""
+    it as it is (reshaped, for an operator that reads it in place), else a pack call."""
+    from tvm import relax
+
     operand = m.operands[t.role]
     lay = art.ctx.layouts.get(i)
     dtype = art.ctx.input_dtype(i)
@@ -343,9 +386,12 @@ def _feed_input(bb, m, art, i, t, tb, args):
     if value is not None:
         x = value.reshape(operand.shape).astype(np_dtype(dtype))
         return np.pad(x, [(0, b - a) for a, b in zip(x.shape, tb.shape)])
-    if (lay is None and operand.shape == tb.shape and str(arg.ty.dtype) == dtype
-            and tuple(int(d) for d in arg.ty.shape) == tb.shape):
-        return arg
+    if lay is None and operand.shape == tb.shape and str(arg.ty.dtype) == dtype:
+        if tuple(int(d) for d in arg.ty.shape) == tb.shape:
+            return arg
+        if art.op.params.get("activation_b"):
+            # Read in place: the same elements in another shape (a view, no copy).
+            return bb.emit(relax.op.reshape(arg, tb.shape))
     return bb.emit_te(_pack_te(operand.shape, tb.shape, lay, dtype, f"tsl_pack_{t.name}"), arg,
                       primfunc_name_hint=f"tsl_pack_{t.name}",
                       primfunc_attrs=_layout_attrs("pad" if lay is None else "pack", t.name))
@@ -374,10 +420,14 @@ def _feed(bb, m, art, args) -> list:
 def _result(bb, m, art, y, args):
     """What TVM's function returned, from the kernel's output `y`: cropped / reshaped /
     cast when the kernel writes more or another dtype, then the element-wise tail."""
+    from tvm import relax
+
     out = art.ctx.op.output
     kdtype = str(art.mod["main"].params[-1].ty.dtype)
     want = str(m.result_buffer.dtype)
-    if out.shape != m.result_shape or kdtype != want:
+    if art.op.params.get("activation_b") and out.shape != m.result_shape and kdtype == want:
+        y = bb.emit(relax.op.reshape(y, m.result_shape))  # written in place: a view
+    elif out.shape != m.result_shape or kdtype != want:
         y = bb.emit_te(_crop_te(out.shape, m.op.output.shape, m.result_shape, want), y,
                        primfunc_name_hint="tsl_crop", primfunc_attrs=_layout_attrs("crop"))
     if m.tail:

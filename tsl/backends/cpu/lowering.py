@@ -65,6 +65,20 @@ def _merge_reduction_blocks(ctx: LowerContext, loops) -> None:
                 ctx.loops[id(lp)] = fused
 
 
+def _split_edges(ctx: LowerContext) -> None:
+    """The loops of a predicated axis (`Schedule.predicate`), but its innermost (the vector
+    lanes), are marked for TVM's LoopPartition: each is cut where the predicate stops being
+    true for all of its inner iterations, so the whole tiles run without it (their vector
+    loads and stores unmasked) and only the last, partial one keeps it (left to LLVM,
+    element by element). Unsplit, TVM's vectorizer scalarizes every tile under the test."""
+    s = ctx.tsl
+    for axis in s.predicated:
+        loops = [lp for lp in s.loops if axis in lp.axes]
+        for lp in loops[:-1]:
+            if lp.extent > 1:
+                ctx.sch.annotate(ctx.rv(lp), "pragma_loop_partition_hint", 1)
+
+
 class CPULowering(Lowering):
     def __init__(self, machine, primitive):
         super().__init__(machine)
@@ -205,6 +219,7 @@ class CPULowering(Lowering):
 
     def finalize(self, ctx: LowerContext) -> None:
         sch = ctx.sch
+        _split_edges(ctx)
         for name in ("C_init", "C_store"):
             if name in ctx.blocks:
                 self._vectorize_innermost(sch, ctx.blocks[name])

@@ -1,0 +1,121 @@
+"""An NCHW 1x1 conv as out[co, pixels] = W[co, ci] @ X[ci, pixels] with the pixels on the vector
+lanes (`matmul(activation_b=True)`): the activation read in place (not packed, not padded, its
+last columns predicated), and the Relax swap taking it for a 1x1 conv where the model prices it
+below the implicit GEMM."""
+
+import numpy as np
+import pytest
+
+import tsl
+from tsl import ops
+from tsl.backends.cpu import host
+from tsl.errors import ScheduleError
+from tsl.record import record
+
+from conftest import cpu_machines
+
+tvm = pytest.importorskip("tvm")
+from tvm import relax  # noqa: E402
+from tvm.relax.frontend import nn  # noqa: E402
+
+import tsl.relax  # noqa: E402
+from tsl.bench import models as bench  # noqa: E402
+from tsl.relax import match, models  # noqa: E402
+
+
+@pytest.fixture(params=cpu_machines())
+def machine(request):
+    return host.specialize(tsl.load_machine(request.param), host.info())
+
+
+def _lanes(machine) -> int:
+    return machine.primitive("float32").n
+
+
+@pytest.mark.parametrize("pixels,epilogue", [(49, "bias_clip"), (196, "bias_residual"),
+                                             (7 * 9, "bias_clip"), (7 * 9, "bias_residual")])
+def test_in_place_gemm_against_numpy(machine, pixels, epilogue):
+    """Pixel counts no multiple of the lanes; channels no multiple of the row tile either."""
+    ep = (ops.bias() + ops.clip(0.0, 6.0) if epilogue == "bias_clip"
+          else ops.bias() + ops.residual())
+    op = ops.matmul(37, pixels, 24, epilogue=ep, activation_b=True)
+    art = tsl.build(op, machine)
+    # Read in place: the kernel takes B and the residual at their own shapes (no padded copy).
+    assert art.ctx.op.input("B").shape == (24, pixels)
+    assert art.ctx.op.output.shape == (37, pixels) and not art.ctx.layouts
+    xs = op.random_inputs(5)
+    ok, err = op.check(art.run(*xs), op.reference(*xs))
+    assert ok, f"{op} on {machine.name}: error {err}"
+    # The bias runs along the rows (output channels): a column-wise bias would differ.
+    assert op.input("bias").shape == (37,)
+
+
+def _whole_vectors(machine, **options) -> bool:
+    art = tsl.build(ops.matmul(16, 196, 8, activation_b=True), machine,
+                    knobs={"n_inner": 1, "n_outer": 1, "m_inner": 4}, **options)
+    ll = art.executable.mod.inspect_source("ll")
+    lanes = _lanes(machine)
+    return f"<{lanes} x float> @llvm.fmuladd" in ll or f"<{lanes} x float> @llvm.fma" in ll
+
+
+def test_whole_tiles_stay_vectors(machine):
+    """The predicated edge is split off (LoopPartition): the whole tiles' FMAs stay full vectors
+    of the machine's lanes; left under the predicate, TVM scalarizes every tile."""
+    assert _whole_vectors(machine)
+
+
+def test_whole_tiles_stay_vectors_on_aarch64():
+    """The in-place GEMM builds for NEON (cross-compiled: no aarch64 host needed) with FMAs of
+    its 4 lanes. (Of 4 lanes LLVM also rebuilds vectors from a scalarized tile: here the test
+    guards the build, the x86 one the split.)"""
+    assert _whole_vectors(tsl.load_machine("aarch64-neon"), cross=True)
+
+
+def test_in_place_needs_a_vector_fma_primitive():
+    """A primitive that reads several rows or reduction steps at once cannot read B in place:
+    a typed error saying what to change (the swap then keeps the implicit GEMM)."""
+    m = tsl.load_machine("x86-avx512")  # int8: a 4-step VNNI dot
+    with pytest.raises(ScheduleError, match="activation_b"):
+        record(ops.matmul(16, 49, 32, dtype="int8", activation_b=True), m, None)
+
+
+class PointwiseBlock(nn.Module):
+    """A MobileNetV2 block's 1x1 convs on 40x40 (1600 pixels: whole vectors) and on 7x9 (63: an
+    edge): expand + relu6, project + residual."""
+
+    def __init__(self, c, k):
+        self.expand = nn.Conv2D(c, k, 1)
+        self.project = nn.Conv2D(k, c, 1)
+
+    def forward(self, x):
+        y = nn.wrap_nested(relax.op.clip(self.expand(x)._expr, 0.0, 6.0), "relu6")
+        return self.project(y) + x
+
+
+@pytest.mark.parametrize("hw", [(40, 40), (7, 9)])
+def test_swap_takes_pixels_on_lanes_and_matches_tvm(hw):
+    mod, _, x = models.export(PointwiseBlock(16, 96), (1, 16) + hw)
+    c = bench.compile_model(mod, "cpu")
+    want = bench.compile_model(mod, "cpu", use_tsl=False)(x)
+    assert bench._rel_err(c(x), want) < 1e-5
+    taken = [d.pattern for d in c.report.taken]
+    if hw == (40, 40):  # priced below the implicit GEMM (measured 0.44-0.6x at 56x56)
+        assert sum(p.startswith("conv2d 1x1 as matmul") for p in taken) == 2, str(c.report)
+    assert len(taken) == 2 and all(p.startswith("conv2d") for p in taken)
+
+
+def test_only_nchw_1x1_unit_stride_convs_have_the_variant():
+    def conv_match(**kw):
+        op = ops.conv2d(**kw)
+        ops_ = {"A": match.Operand(0, op.input("A").shape),
+                "B": match.Operand(1, op.input("B").shape)}
+        return match.Match(op, ops_, op.output.shape, None)
+
+    one = dict(N=1, C=8, H=7, W=9, K=16, R=1, S=1)
+    alt = match.pixels_on_lanes(conv_match(**one))
+    assert alt.op.name == "matmul" and alt.op.params["activation_b"]
+    assert alt.operands["A"] == match.Operand(1, (16, 8))
+    assert alt.operands["B"] == match.Operand(0, (8, 63))
+    for other in (dict(one, stride=2), dict(one, N=2), dict(one, R=3, S=3, padding=1),
+                  dict(one, layout="NHWC")):
+        assert match.pixels_on_lanes(conv_match(**other)) is None
