@@ -29,11 +29,18 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
         raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
     if isinstance(op, Family):
         return _build_family(op, backend, machine, schedule, knobs, options)
+    return backend.build(recorded(op, machine, schedule, knobs), **options)
+
+
+def recorded(op: Operator, machine: Machine, schedule: Callable | None = None, knobs=None):
+    """The schedule `build` compiles: `schedule` (default: the operator's) recorded with
+    `knobs` (values, or a database's best record for it), marked as written when either is
+    given."""
     if hasattr(knobs, "best_for"):
         knobs = tuned_knobs(knobs, op, machine, schedule or default_schedule(op.name))
     s = record(op, machine, schedule, knobs)
     s.as_written = schedule is not None or bool(knobs)
-    return backend.build(s, **options)
+    return s
 
 
 def _build_family(fam: Family, backend, machine: Machine, fn, knobs, options):

@@ -88,17 +88,11 @@ def _key(op, machine, database) -> tuple:
 def _recorded(op, machine, database):
     """The schedule tsl.build builds `op` with (the database's knobs, else the model's), with a
     per-process cache: the swap prices a 1x1 conv's two forms before it builds one."""
-    from ..build import tuned_knobs
-    from ..record import record
-    from ..schedules import default_schedule
+    from ..build import recorded
 
     key = _key(op, machine, database)
     if key not in _RECORDS:
-        knobs = (tuned_knobs(database, op, machine, default_schedule(op.name))
-                 if hasattr(database, "best_for") else database)
-        s = record(op, machine, None, knobs)
-        s.as_written = bool(knobs)
-        _RECORDS[key] = s
+        _RECORDS[key] = recorded(op, machine, knobs=database)
     return _RECORDS[key]
 
 

@@ -104,7 +104,7 @@ def schedule_gemm(s: Schedule) -> None:
     m_outer = s.knob("m_outer", _round_choices(M, mr, (1, 2, 4, 8, 16, 32)))
     n_outer = s.knob("n_outer", _round_choices(N, nr, (1, 2, 4, 8, 16, 32)))
     # B in place: the whole reduction per accumulator tile (nothing is staged per block of
-    # it, so its split only multiplies the model's search: 9.6 -> s for MobileNetV2's 1x1s).
+    # it, so its split only multiplied the model's search: 9.6 -> 3.7 s over MobileNetV2's 1x1s).
     k_inner = s.knob("k_inner", (K,) if in_place else
                      _round_choices(K, p.k, (1, 2, 4, 8, 16, 32, 64, 128, 256)))
     kt = k_inner * p.k
