@@ -11,6 +11,7 @@ import pytest
 import tsl
 from tsl import ops
 from tsl.backends.cpu import suite
+from tsl.backend import get_backend
 from tsl.errors import BackendUnavailable
 from tsl.backends.cpu import detect, host
 
@@ -195,3 +196,15 @@ def test_writer_round_trips_every_builtin_machine(tmp_path):
         p.write_text(dumps(m, "round trip"))
         back = tsl.load_machine(p)
         assert dataclasses.replace(back, source=m.source) == m, name
+
+
+@pytest.mark.parametrize("name", [n for n in cross_cpu_machines()])
+def test_every_build_path_refuses_a_machine_this_host_cannot_run(name):
+    """A back end's own `build` (what the Relax swap, the tuner's runner and the bench call)
+    checks the host as `tsl.build` does, and builds with `cross=True`."""
+    m = tsl.load_machine(name)
+    s = tsl.schedule(ops.matmul(8, 8, 8), m)
+    backend = get_backend(m.backend)
+    with pytest.raises(BackendUnavailable, match=rf"cannot build for {name} here: .*lacks"):
+        backend.build(s)
+    assert backend.build(s, cross=True).machine.name == name

@@ -112,9 +112,19 @@ class Backend(ABC):
         when it can)."""
         return None
 
+    def require(self, machine: Machine, options: Options) -> None:
+        """BackendUnavailable, naming what is missing, when `unavailable` gives a reason."""
+        why = self.unavailable(machine, options)
+        if why:
+            raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
+
     def build(self, schedule, **options):
-        """The artifact of `schedule` built with `options` (checked against `Options`)."""
-        return self._build(schedule, self.options(**options))
+        """The artifact of `schedule` built with `options` (checked against `Options`);
+        every build path comes through here, so each meets `unavailable`'s check (a CPU
+        artifact this host cannot execute is refused, not compiled and crashed later)."""
+        checked = self.options(**options)
+        self.require(schedule.machine, checked)
+        return self._build(schedule, checked)
 
     @abstractmethod
     def _build(self, schedule, options):

@@ -6,7 +6,6 @@ import warnings
 from typing import Callable
 
 from .backend import resolve_target
-from .errors import BackendUnavailable, ScheduleError
 from .ops.operator import Operator
 from .ops.sym import Family
 from .record import record
@@ -24,9 +23,7 @@ def build(op: Operator, target: str | Machine = "cpu", schedule: Callable | None
     whose micro-kernels the cost model chooses (`knobs`: a dict fixes knobs in all of them;
     a database: the kernels `tsl.tune.tune(family, ...)` measured best, per range)."""
     backend, machine = resolve_target(target)
-    why = backend.unavailable(machine, backend.options(**options))
-    if why:
-        raise BackendUnavailable(f"cannot build for {machine.name} here: {why}")
+    backend.require(machine, backend.options(**options))  # before the model's knob search
     if isinstance(op, Family):
         return _build_family(op, backend, machine, schedule, knobs, options)
     return backend.build(recorded(op, machine, schedule, knobs), **options)
