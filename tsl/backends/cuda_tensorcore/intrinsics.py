@@ -19,23 +19,32 @@ def _frag_index(buf, stride, rows, cols):
     return buf.elem_offset // stride // rows * (stride // cols) + buf.elem_offset % stride // cols
 
 
+def _copy_desc(dtype: str, src: str, dst: str):
+    """The description of a 16x16 tile copied from storage scope `src` to `dst`: what a
+    fragment load or store does, element by element."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (16, 16), dtype, align=64, offset_factor=16, scope=src)
+        C = T.match_buffer(c, (16, 16), dtype, align=64, offset_factor=16, scope=dst)
+        with T.sblock("root"):
+            T.reads(A[0:16, 0:16])
+            T.writes(C[0:16, 0:16])
+            for i, j in T.grid(16, 16):
+                with T.sblock("copy"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    C[vi, vj] = A[vi, vj]
+
+    return desc
+
+
 def _load(dtype: str, scope: str, operand: str, col_major: bool):
     from tvm.script import tirx as T
 
     frag = f"wmma.matrix_{operand.lower()}"
     layout = "col_major" if col_major else "row_major"
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (16, 16), dtype, align=64, offset_factor=16, scope=scope)
-        C = T.match_buffer(c, (16, 16), dtype, align=64, offset_factor=16, scope=frag)
-        with T.sblock("root"):
-            T.reads(A[0:16, 0:16])
-            T.writes(C[0:16, 0:16])
-            for i, j in T.grid(16, 16):
-                with T.sblock("load"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    C[vi, vj] = A[vi, vj]
+    desc = _copy_desc(dtype, scope, frag)
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, c: T.handle) -> None:
@@ -93,18 +102,7 @@ def _fill(dtype: str):
 def _store(dtype: str, scope: str):
     from tvm.script import tirx as T
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (16, 16), dtype, align=64, offset_factor=16,
-                           scope="wmma.accumulator")
-        C = T.match_buffer(c, (16, 16), dtype, align=64, offset_factor=16, scope=scope)
-        with T.sblock("root"):
-            T.reads(A[0:16, 0:16])
-            T.writes(C[0:16, 0:16])
-            for i, j in T.grid(16, 16):
-                with T.sblock("store"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    C[vi, vj] = A[vi, vj]
+    desc = _copy_desc(dtype, "wmma.accumulator", scope)
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, c: T.handle) -> None:
