@@ -199,12 +199,12 @@ def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
     np.testing.assert_allclose(n.numpy(), (x - mu) / np.sqrt(var + 1e-5) * g + b, rtol=1e-4, atol=1e-5)
 
 
-def _window_module(op: str, stride: int, channels: int = 19, size: int = 21):
+def _window_module(op: str, stride: int, channels: int = 19, size: int = 21, width=None):
     from tvm import relax
     from tvm.script import relax as R
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    x = relax.Var("x", relax.TensorType((1, channels, size, width or size), "float32"))
     w = relax.Var("w", relax.TensorType((channels, 1, 3, 3), "float32"))
     b = relax.Var("b", relax.TensorType((1, channels, 1, 1), "float32"))
     with bb.function("main", [x, w, b]):
@@ -300,6 +300,44 @@ def test_window_rule_cuts_tall_outputs_in_row_bands_per_core(op, cores, size, ba
     kernel = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")})
     tvm.compile(kernel, target=tgt)(*(tvm.runtime.tensor(a) for a in args), out)
     np.testing.assert_allclose(out.numpy(), _torch_window(op, 1, x, w, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["depthwise", "maxpool"])
+@pytest.mark.parametrize("channels, size, width, tasks", [(24, 14, 14, 6), (24, 13, 9, 3),
+                                                          (19, 14, 14, 19), (8, 57, 57, 8)])
+def test_window_rule_stages_small_phase_split_planes_several_per_task(op, channels, size, width,
+                                                                       tasks):
+    """Stride 2: the input's columns split by phase even where the output rows are narrow (7
+    and 5 columns); small planes staged several per parallel task, up to STAGED_BYTES (14 x 14:
+    16 x 2 x 8 padded, 1 KB, four planes; 13 x 9: 15 x 2 x 6, 720 bytes, eight), as many as
+    divide the channels (19: one); a large plane (57 x 57: 59 x 2 x 30, 14 KB) one per task.
+    Every case matches PyTorch on random data."""
+    pytest.importorskip("torch", reason="the reference is PyTorch's conv2d / pooling")
+    import tvm
+
+    import tsl.relax
+    from tsl.schedules.vector import VectorFacts
+    from tsl.schedules.window import window
+
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0])(
+            _window_module(op, 2, channels, size, width))
+    func = next(f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    script = window(func, VectorFacts(vector_bits=512, cores=2)).mod["main"].script()
+    padded = f"T.int64({size + 2}), T.int64(2), T.int64({(width + 3) // 2}))"
+    assert padded in script
+    assert f"T.parallel(T.int64({tasks}))" in script
+    rng = np.random.default_rng(6)
+    x, w, b = (rng.standard_normal(s).astype("float32")
+               for s in [(1, channels, size, width), (channels, 1, 3, 3), (1, channels, 1, 1)])
+    args = [x, w, b][:len(func.params) - 1]
+    out_shape = (1, channels, (size + 1) // 2, (width + 1) // 2)
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan, "float32"))
+    kernel = tvm.IRModule({"main": window(func, VectorFacts(vector_bits=512, cores=2))
+                           .mod["main"].with_attr("global_symbol", "main")})
+    tvm.compile(kernel, target=tgt)(*(tvm.runtime.tensor(a) for a in args), out)
+    np.testing.assert_allclose(out.numpy(), _torch_window(op, 2, x, w, b), rtol=1e-5, atol=1e-5)
 
 
 def test_reshapes_around_tsl_gemms_are_views_not_copies_and_the_model_matches_numpy():
