@@ -50,7 +50,7 @@ def window(func, facts):
     try:
         red_lanes = facts.lanes(dtype_bits(sch.get(red).writes[0].source.dtype))
         phased = _split_phases(sch, red, blocks[:at])
-        group = _planes_per_task(sch, blocks[:at], phased)
+        group = _planes_per_task(sch, blocks[:at], phased, red_lanes)
         last = _fold_consumers(sch, red, blocks[at + 1:])
         lanes = facts.lanes(dtype_bits(sch.get(last).writes[0].source.dtype))
         plane, w_outer = _output_nest(sch, last, lanes, facts.cores, group)
@@ -124,15 +124,17 @@ def _split_phases(sch, red, producers: list) -> dict:
     return phased
 
 
-def _planes_per_task(sch, producers: list, phased: dict) -> int:
-    """Planes staged per parallel task: 1, but for a phase-split input the fewest planes
-    (a power of two dividing their count) that make `STAGED_BYTES`. The phase copy writes a
-    plane's rows in pieces (partial vectors, single elements); a load that spans several such
-    stores still in the store buffer cannot be forwarded from them and waits for them to
-    retire. One small plane per task (576 x 16 x 2 x 8 padded, stride 2: 1 KB) read its taps
-    straight after copying them: 0.24 ms against 0.047 gathering; four planes per task 0.025.
-    Large planes (144 x 58 x 2 x 29: 13 KB) stay one per task: grouping them measured slower
-    (0.084 -> 0.10-0.13 ms), their staging no longer fitting beside the kernel's in L1."""
+def _planes_per_task(sch, producers: list, phased: dict, lanes: int) -> int:
+    """Planes staged per parallel task: 1, but for a phase-split input whose phase rows are
+    narrower than a vector, the fewest planes (a power of two dividing their count) that make
+    `STAGED_BYTES`. The phase copy writes such a row in pieces (a partial vector and single
+    elements), and the kernel reads it in whole vectors: a load spanning several stores still
+    in the store buffer cannot be forwarded from them and waits for them to retire. One small
+    plane per task (576 x 16 x 2 x 8 padded, stride 2, 16 lanes: 1 KB) read its taps straight
+    after copying them: 0.24 ms against 0.047 gathering; four planes per task 0.025. Rows of
+    a whole vector (the same layer on 8 lanes) are copied in whole vectors: grouping them
+    measured slower there (0.035 -> 0.05 ms), as it did for large planes (144 x 58 x 2 x 29:
+    0.084 -> 0.10-0.13 ms, their staging no longer fitting beside the kernel's in L1)."""
     from .tir_blocks import dtype_bits
 
     for b in producers:
@@ -140,6 +142,8 @@ def _planes_per_task(sch, producers: list, phased: dict) -> int:
         if sch.get(b).name_hint not in phased or len(buf.shape) < 4:
             continue
         dims = [int(d.value) for d in buf.shape]
+        if dims[-1] >= lanes:
+            return 1
         plane = dims[-3] * dims[-2] * dims[-1] * dtype_bits(buf.dtype) // 8
         count, group = _prod(dims[:-3]), 1
         while group * plane < STAGED_BYTES and count % (2 * group) == 0:
@@ -215,12 +219,17 @@ def _parallel_planes(sch, loops, cores: int, group: int = 1):
 
 
 def vector_width(width: int, lanes: int) -> int:
-    """Output columns per vector: the whole row when it fits in two registers (14, 28 on 16
-    lanes: LLVM splits the odd vector itself), else the largest power of two from `lanes` down
-    to `lanes / 4` that divides the row (56 -> 8), else `lanes` (the last vector is then
-    predicated)."""
-    if width <= 2 * lanes:
+    """Output columns per vector: the whole row when it fits in one register (7, 14 on 16
+    lanes); one register and a predicated rest when it fits in two (28 on 16 lanes, 14 on 8):
+    a 28-wide vector, which LLVM split itself, rebuilt its 12-lane part and the weights'
+    broadcasts with inserts in every row (192 x 28 x 28 depthwise: 0.061 -> 0.049 ms on
+    AVX-512; 576 x 14 x 14 on AVX2: 0.086 -> 0.066); else the largest power of two from
+    `lanes` down to `lanes / 4` that divides the row (56 -> 8), else `lanes` (the last vector
+    is then predicated)."""
+    if width <= lanes:
         return width
+    if width <= 2 * lanes:
+        return lanes
     for v in (lanes, lanes // 2, lanes // 4):
         if v > 1 and width % v == 0:
             return v
