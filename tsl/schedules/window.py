@@ -6,7 +6,8 @@ consumers (bias / BN scale, relu6, the average's divide) after it. These are not
 output channel reads one input channel (or one group), so the GEMM primitive gains nothing; they
 run on the vector unit instead, as ONNX Runtime's depthwise kernels do:
 
-    for n, c  (fused, parallel over the cores; tall outputs: n and a band of rows per core)
+    for n, c  (fused, parallel over the cores; tall outputs: n and a band of rows per core;
+              small stride-2 planes: a few planes per task)
         pad the (n, c) plane (or its band) once        (the padding producer, computed here)
         for h, w.o
             acc[w.i] = 0                              (w.i: one vector of output columns)
@@ -17,6 +18,8 @@ Names no back end: `lanes` and `cores` come from `VectorFacts`.
 """
 
 from __future__ import annotations
+
+import math
 
 
 UNROLL = 7
@@ -141,22 +144,17 @@ def _planes_per_task(sch, producers: list, phased: dict, lanes: int) -> int:
         buf = sch.get(b).writes[0].source
         if sch.get(b).name_hint not in phased or len(buf.shape) < 4:
             continue
+        if not all(hasattr(d, "value") for d in buf.shape):
+            return 1   # a symbolic batch: its plane count is not known here
         dims = [int(d.value) for d in buf.shape]
         if dims[-1] >= lanes:
             return 1
         plane = dims[-3] * dims[-2] * dims[-1] * dtype_bits(buf.dtype) // 8
-        count, group = _prod(dims[:-3]), 1
+        count, group = math.prod(dims[:-3]), 1
         while group * plane < STAGED_BYTES and count % (2 * group) == 0:
             group *= 2
         return group
     return 1
-
-
-def _prod(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
 
 
 def _uses(expr, var) -> bool:
