@@ -304,16 +304,17 @@ def test_window_rule_cuts_tall_outputs_in_row_bands_per_core(op, cores, size, ba
 
 @pytest.mark.parametrize("op", ["depthwise", "maxpool"])
 @pytest.mark.parametrize("channels, size, width, bits, tasks", [
-    (24, 14, 14, 512, 6), (24, 13, 9, 512, 3), (24, 14, 14, 256, 24), (19, 14, 14, 512, 19),
+    (96, 14, 14, 512, 24), (24, 13, 9, 512, 12), (96, 14, 14, 256, 96), (19, 14, 14, 512, 19),
     (8, 57, 57, 512, 8)])
 def test_window_rule_stages_small_phase_split_planes_several_per_task(op, channels, size, width,
                                                                        bits, tasks):
     """Stride 2: the input's columns split by phase even where the output rows are narrow (7
     and 5 columns). Phase rows narrower than a vector (8 and 6 columns on 16 lanes): planes
-    staged several per parallel task, up to STAGED_BYTES (14 x 14: 16 x 2 x 8 padded, 1 KB,
-    four planes; 13 x 9: 15 x 2 x 6, 720 bytes, eight), as many as divide the channels (19:
-    one). Phase rows of a whole vector (8 columns on 8 lanes) or more (57 x 57: 30), one plane
-    per task. Every case matches PyTorch on random data."""
+    staged several per parallel task, up to STAGED_BYTES (96 x 14 x 14: 16 x 2 x 8 padded,
+    1 KB, four planes), as many as divide the channels (19: one) and leave TASKS_PER_CORE
+    tasks on each of the 2 cores (24 x 13 x 9: 720 bytes a plane, two planes, 12 tasks). Phase
+    rows of a whole vector (8 columns on 8 lanes) or more (57 x 57: 30), one plane per task.
+    Every case matches PyTorch on random data."""
     pytest.importorskip("torch", reason="the reference is PyTorch's conv2d / pooling")
     import tvm
 

@@ -33,6 +33,10 @@ STAGED_BYTES = 4096
 """At least this much of a phase-split input is staged per parallel task (`_planes_per_task`):
 the kernel's first loads then come well after the phase copy's last stores (see there)."""
 
+TASKS_PER_CORE = 4
+"""Grouping planes stops before fewer than this many parallel tasks per core are left: with
+four or more, the cores' shares differ by at most a quarter of a share."""
+
 
 def window(func, facts):
     """Schedule a sliding-window reduction PrimFunc (see the module docstring); None when
@@ -53,7 +57,7 @@ def window(func, facts):
     try:
         red_lanes = facts.lanes(dtype_bits(sch.get(red).writes[0].source.dtype))
         phased = _split_phases(sch, red, blocks[:at])
-        group = _planes_per_task(sch, blocks[:at], phased, red_lanes)
+        group = _planes_per_task(sch, blocks[:at], phased, red_lanes, facts.cores)
         last = _fold_consumers(sch, red, blocks[at + 1:])
         lanes = facts.lanes(dtype_bits(sch.get(last).writes[0].source.dtype))
         plane, w_outer = _output_nest(sch, last, lanes, facts.cores, group)
@@ -127,10 +131,10 @@ def _split_phases(sch, red, producers: list) -> dict:
     return phased
 
 
-def _planes_per_task(sch, producers: list, phased: dict, lanes: int) -> int:
+def _planes_per_task(sch, producers: list, phased: dict, lanes: int, cores: int) -> int:
     """Planes staged per parallel task: 1, but for a phase-split input whose phase rows are
     narrower than a vector, the fewest planes (a power of two dividing their count) that make
-    `STAGED_BYTES`. The phase copy writes such a row in pieces (a partial vector and single
+    `STAGED_BYTES`, leaving `TASKS_PER_CORE` tasks per core. The phase copy writes such a row in pieces (a partial vector and single
     elements), and the kernel reads it in whole vectors: a load spanning several stores still
     in the store buffer cannot be forwarded from them and waits for them to retire. One small
     plane per task (576 x 16 x 2 x 8 padded, stride 2, 16 lanes: 1 KB) read its taps straight
@@ -151,7 +155,8 @@ def _planes_per_task(sch, producers: list, phased: dict, lanes: int) -> int:
             return 1
         plane = dims[-3] * dims[-2] * dims[-1] * dtype_bits(buf.dtype) // 8
         count, group = math.prod(dims[:-3]), 1
-        while group * plane < STAGED_BYTES and count % (2 * group) == 0:
+        while (group * plane < STAGED_BYTES and count % (2 * group) == 0
+               and count // (2 * group) >= TASKS_PER_CORE * cores):
             group *= 2
         return group
     return 1
