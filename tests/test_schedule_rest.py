@@ -199,12 +199,12 @@ def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
     np.testing.assert_allclose(n.numpy(), (x - mu) / np.sqrt(var + 1e-5) * g + b, rtol=1e-4, atol=1e-5)
 
 
-def _window_module(op: str, stride: int, channels: int = 19, size: int = 21):
+def _window_module(op: str, stride: int, channels: int = 19, size: int = 21, width=None):
     from tvm import relax
     from tvm.script import relax as R
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    x = relax.Var("x", relax.TensorType((1, channels, size, width or size), "float32"))
     w = relax.Var("w", relax.TensorType((channels, 1, 3, 3), "float32"))
     b = relax.Var("b", relax.TensorType((1, channels, 1, 1), "float32"))
     with bb.function("main", [x, w, b]):
@@ -237,9 +237,9 @@ def _torch_window(op, stride, x, w, b):
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("size", [21, 37, 67])
 def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride, size):
-    """19 channels, 21 x 21 (a row in one odd vector), 37 x 37 (vectors of 16, the last one
-    predicated) and 67 x 67 (on a host of up to 4 cores, 67 or 34 output rows cut in bands, the
-    last band shorter), stride 1 and 2 (odd padded widths: the phase split pads a column),
+    """19 channels, 21 x 21 (on 16 lanes a row in one vector and a predicated rest), 37 x 37
+    (vectors of 16, the last one predicated) and 67 x 67 (on a host of up to 4 cores, 67 or 34
+    output rows cut in bands, the last band shorter), stride 1 and 2 (odd padded widths: the phase split pads a column),
     padding 1."""
     pytest.importorskip("torch", reason="the reference is PyTorch's conv2d / pooling")
     import tvm
@@ -300,6 +300,47 @@ def test_window_rule_cuts_tall_outputs_in_row_bands_per_core(op, cores, size, ba
     kernel = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")})
     tvm.compile(kernel, target=tgt)(*(tvm.runtime.tensor(a) for a in args), out)
     np.testing.assert_allclose(out.numpy(), _torch_window(op, 1, x, w, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["depthwise", "maxpool"])
+@pytest.mark.parametrize("channels, size, width, bits, tasks", [
+    (96, 14, 14, 512, 24), (24, 13, 9, 512, 12), (96, 14, 14, 256, 96), (19, 14, 14, 512, 19),
+    (8, 57, 57, 512, 8)])
+def test_window_rule_stages_small_phase_split_planes_several_per_task(op, channels, size, width,
+                                                                       bits, tasks):
+    """Stride 2: the input's columns split by phase even where the output rows are narrow (7
+    and 5 columns). Phase rows narrower than a vector (8 and 6 columns on 16 lanes): planes
+    staged several per parallel task, up to STAGED_BYTES (96 x 14 x 14: 16 x 2 x 8 padded,
+    1 KB, four planes), as many as divide the channels (19: one) and leave TASKS_PER_CORE
+    tasks on each of the 2 cores (24 x 13 x 9: 720 bytes a plane, two planes, 12 tasks). Phase
+    rows of a whole vector (8 columns on 8 lanes) or more (57 x 57: 30), one plane per task.
+    Every case matches PyTorch on random data."""
+    pytest.importorskip("torch", reason="the reference is PyTorch's conv2d / pooling")
+    import tvm
+
+    import tsl.relax
+    from tsl.schedules.vector import VectorFacts
+    from tsl.schedules.window import window
+
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0])(
+            _window_module(op, 2, channels, size, width))
+    func = next(f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    sch = window(func, VectorFacts(vector_bits=bits, cores=2))
+    script = sch.mod["main"].script()
+    padded = f"T.int64({size + 2}), T.int64(2), T.int64({(width + 3) // 2}))"
+    assert padded in script
+    assert f"T.parallel(T.int64({tasks}))" in script
+    rng = np.random.default_rng(6)
+    x, w, b = (rng.standard_normal(s).astype("float32")
+               for s in [(1, channels, size, width), (channels, 1, 3, 3), (1, channels, 1, 1)])
+    args = [x, w, b][:len(func.params) - 1]
+    out_shape = (1, channels, (size + 1) // 2, (width + 1) // 2)
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan, "float32"))
+    kernel = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")})
+    tvm.compile(kernel, target=tgt)(*(tvm.runtime.tensor(a) for a in args), out)
+    np.testing.assert_allclose(out.numpy(), _torch_window(op, 2, x, w, b), rtol=1e-5, atol=1e-5)
 
 
 def test_reshapes_around_tsl_gemms_are_views_not_copies_and_the_model_matches_numpy():

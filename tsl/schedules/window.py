@@ -6,7 +6,8 @@ consumers (bias / BN scale, relu6, the average's divide) after it. These are not
 output channel reads one input channel (or one group), so the GEMM primitive gains nothing; they
 run on the vector unit instead, as ONNX Runtime's depthwise kernels do:
 
-    for n, c  (fused, parallel over the cores; tall outputs: n and a band of rows per core)
+    for n, c  (fused, parallel over the cores; tall outputs: n and a band of rows per core;
+              small stride-2 planes: a few planes per task)
         pad the (n, c) plane (or its band) once        (the padding producer, computed here)
         for h, w.o
             acc[w.i] = 0                              (w.i: one vector of output columns)
@@ -18,6 +19,8 @@ Names no back end: `lanes` and `cores` come from `VectorFacts`.
 
 from __future__ import annotations
 
+import math
+
 
 UNROLL = 7
 """Window loops up to this extent are unrolled (kernels up to 7 x 7)."""
@@ -25,6 +28,14 @@ UNROLL = 7
 BAND_ROWS = 16
 """Output rows per core from which a window's rows are split over the cores (`_parallel_planes`):
 a 3 x 3 window's band then re-reads at most 1/8 of its input rows as halo."""
+
+STAGED_BYTES = 4096
+"""At least this much of a phase-split input is staged per parallel task (`_planes_per_task`):
+the kernel's first loads then come well after the phase copy's last stores (see there)."""
+
+TASKS_PER_CORE = 4
+"""Grouping planes stops before fewer than this many parallel tasks per core are left: with
+four or more, the cores' shares differ by at most a quarter of a share."""
 
 
 def window(func, facts):
@@ -45,10 +56,11 @@ def window(func, facts):
     at = blocks.index(red)
     try:
         red_lanes = facts.lanes(dtype_bits(sch.get(red).writes[0].source.dtype))
-        phased = _split_phases(sch, red, blocks[:at], red_lanes // 2)
+        phased = _split_phases(sch, red, blocks[:at])
+        group = _planes_per_task(sch, blocks[:at], phased, red_lanes, facts.cores)
         last = _fold_consumers(sch, red, blocks[at + 1:])
         lanes = facts.lanes(dtype_bits(sch.get(last).writes[0].source.dtype))
-        plane, w_outer = _output_nest(sch, last, lanes, facts.cores)
+        plane, w_outer = _output_nest(sch, last, lanes, facts.cores, group)
         sch.compute_at(red, w_outer, preserve_unit_loops=True)
         _vectorize_accumulation(sch, red)
         for b in reversed(blocks[:at]):
@@ -84,7 +96,7 @@ def _const_above(extent, n: int) -> bool:
     return hasattr(extent, "value") and extent.value > n
 
 
-def _split_phases(sch, red, producers: list, min_width: int) -> dict:
+def _split_phases(sch, red, producers: list) -> dict:
     """A window of stride s > 1 along the columns reads input column w * s + rw for the vector
     of output columns w: s elements apart, a gather per tap. Its producer (the padding) writes
     the columns split by phase instead, w -> (w % s, w // s), so that every tap reads
@@ -92,17 +104,14 @@ def _split_phases(sch, red, producers: list, min_width: int) -> dict:
     pass over the input where it paid a gather per tap (MobileNetV2's 96 x 112 x 112 stride-2
     depthwise: 0.46 -> 0.18 ms, 2-core Xeon). A width the stride does not divide is padded
     with zeros that no output reads. Nothing changes where the input comes in as a parameter
-    (no padding), nor for output rows narrower than `min_width` (half a vector): the gathers of
-    a row that short cost less than the split's extra pass (576 x 14 x 14 stride 2, 7 output
-    columns: 0.034 ms gathering, 0.06-0.12 ms split).
+    (no padding). Narrow rows are split too (576 x 14 x 14 stride 2, 7 output columns: 0.047 ms
+    gathering, 0.025 split), provided several planes are staged per task (`_planes_per_task`).
     Returns {producer block name: stride} of the producers split."""
     from tvm import sym, tirx
 
     phased = {}
     blk = sch.get(red)
     col = blk.writes[0].region[-1].min
-    if not _const_above(blk.writes[0].source.shape[-1], min_width - 1):
-        return phased
     for read in blk.reads:
         if not read.region or read.source.same_as(blk.writes[0].source):
             continue
@@ -120,6 +129,37 @@ def _split_phases(sch, red, producers: list, min_width: int) -> dict:
             pad_value=None if width % stride == 0 else tirx.const(0, read.source.dtype))
         phased[sch.get(writer).name_hint] = stride
     return phased
+
+
+def _planes_per_task(sch, producers: list, phased: dict, lanes: int, cores: int) -> int:
+    """Planes staged per parallel task: 1, but for a phase-split input whose phase rows are
+    narrower than a vector, the fewest planes (a power of two dividing their count) that make
+    `STAGED_BYTES`, leaving `TASKS_PER_CORE` tasks per core. The phase copy writes such a row in pieces (a partial vector and single
+    elements), and the kernel reads it in whole vectors: a load spanning several stores still
+    in the store buffer cannot be forwarded from them and waits for them to retire. One small
+    plane per task (576 x 16 x 2 x 8 padded, stride 2, 16 lanes: 1 KB) read its taps straight
+    after copying them: 0.24 ms against 0.047 gathering; four planes per task 0.025. Rows of
+    a whole vector (the same layer on 8 lanes) are copied in whole vectors: grouping them
+    measured slower there (0.035 -> 0.05 ms), as it did for large planes (144 x 58 x 2 x 29:
+    0.084 -> 0.10-0.13 ms, their staging no longer fitting beside the kernel's in L1)."""
+    from .tir_blocks import dtype_bits
+
+    for b in producers:
+        buf = sch.get(b).writes[0].source
+        if sch.get(b).name_hint not in phased or len(buf.shape) < 4:
+            continue
+        if not all(hasattr(d, "value") for d in buf.shape):
+            return 1   # a symbolic batch: its plane count is not known here
+        dims = [int(d.value) for d in buf.shape]
+        if dims[-1] >= lanes:
+            return 1
+        plane = dims[-3] * dims[-2] * dims[-1] * dtype_bits(buf.dtype) // 8
+        count, group = math.prod(dims[:-3]), 1
+        while (group * plane < STAGED_BYTES and count % (2 * group) == 0
+               and count // (2 * group) >= TASKS_PER_CORE * cores):
+            group *= 2
+        return group
+    return 1
 
 
 def _uses(expr, var) -> bool:
@@ -144,24 +184,25 @@ def _copy_out(sch, red):
     return sch.get_consumers(red)[0]
 
 
-def _output_nest(sch, last, lanes: int, cores: int):
+def _output_nest(sch, last, lanes: int, cores: int, group: int = 1):
     """Shape the output block's loops: the planes (all but the two innermost loops) and, for
-    tall outputs, bands of rows parallel (`_parallel_planes`); the innermost split into vectors
-    of output columns. Returns the loop the producers are computed under (one plane, or one
-    plane's band) and the outer column loop."""
+    tall outputs, bands of rows parallel (`_parallel_planes`, `group` planes a task); the
+    innermost split into vectors of output columns. Returns the loop the producers are
+    computed under (one task's planes, or one plane's band) and the outer column loop."""
     loops = sch.get_loops(last)
     if len(loops) < 2:
         from tvm.s_tir.schedule import ScheduleError
         raise ScheduleError("a window output needs at least rows and columns")
-    plane = _parallel_planes(sch, loops, cores)
+    plane = _parallel_planes(sch, loops, cores, group)
     width = sch.get(loops[-1]).extent.value
     w_outer, w_inner = sch.split(loops[-1], factors=[None, vector_width(width, lanes)])
     sch.vectorize(w_inner)
     return plane, w_outer
 
 
-def _parallel_planes(sch, loops, cores: int):
-    """One (n, c) plane per parallel task; but where each core gets at least `BAND_ROWS` output
+def _parallel_planes(sch, loops, cores: int, group: int = 1):
+    """One (n, c) plane per parallel task (or `group` planes, which then share the task's
+    staged input: `_planes_per_task`); but where each core gets at least `BAND_ROWS` output
     rows, the rows are cut in one band per core instead, with every channel's plane inside
     each band: a core then reads the rows its neighbours' kernels wrote on that core (tsl's 1x1
     convs split output rows over the cores, and the window's consumer reads the rows this core
@@ -170,6 +211,8 @@ def _parallel_planes(sch, loops, cores: int):
     rows = sch.get(loops[-2]).extent
     if len(loops) < 3 or cores < 2 or not _const_above(rows, BAND_ROWS * cores - 1):
         plane = sch.fuse(*loops[:-2]) if len(loops) > 2 else loops[0]
+        if group > 1:
+            plane, _ = sch.split(plane, factors=[None, group])
         sch.parallel(plane)
         return plane
     band, inner = sch.split(loops[-2], factors=[cores, None])
@@ -179,12 +222,17 @@ def _parallel_planes(sch, loops, cores: int):
 
 
 def vector_width(width: int, lanes: int) -> int:
-    """Output columns per vector: the whole row when it fits in two registers (14, 28 on 16
-    lanes: LLVM splits the odd vector itself), else the largest power of two from `lanes` down
-    to `lanes / 4` that divides the row (56 -> 8), else `lanes` (the last vector is then
-    predicated)."""
-    if width <= 2 * lanes:
+    """Output columns per vector: the whole row when it fits in one register (7, 14 on 16
+    lanes); one register and a predicated rest when it fits in two (28 on 16 lanes, 14 on 8):
+    a 28-wide vector, which LLVM split itself, rebuilt its 12-lane part and the weights'
+    broadcasts with inserts in every row (192 x 28 x 28 depthwise: 0.061 -> 0.049 ms on
+    AVX-512; 576 x 14 x 14 on AVX2: 0.086 -> 0.066); else the largest power of two from
+    `lanes` down to `lanes / 4` that divides the row (56 -> 8), else `lanes` (the last vector
+    is then predicated)."""
+    if width <= lanes:
         return width
+    if width <= 2 * lanes:
+        return lanes
     for v in (lanes, lanes // 2, lanes // 4):
         if v > 1 and width % v == 0:
             return v
