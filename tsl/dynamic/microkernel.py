@@ -11,6 +11,11 @@ better that ran 1.3-1.7x slower than the static build's (dense 768->3072 at m = 
 lower range's smaller block) ran 1.1-1.4x slower than the range's own kernel at m = 33, 65,
 100, 129; and the top's knobs with the rows' outer tile cut (block 32 -> 8, the model +1%
 at the top) won at m = 100 of 768->3072 but lost 10-30% at m = 128 and 333 elsewhere.
+
+So the top's kernel stays, and where its blocks pad a range's values a second kernel of a
+smaller block (`second`) runs just those the model prices it MARGIN below the top at: there
+the padded rows are a difference the model sees (768->3072 at m = 100 / 200 / 333: 1.12 /
+1.11 / 1.44 of static -> 0.99 / 1.00 / 1.03; benchmarks/README.md, dyn39).
 """
 
 from __future__ import annotations
