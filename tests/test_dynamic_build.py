@@ -1,6 +1,7 @@
 """Shape-generic builds (issue #25 step 2): one build of a family runs at every value."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -91,8 +92,8 @@ def test_each_range_runs_the_static_build_s_choice_at_its_top():
 
 def _second_kernels_run_what_their_top_pads(art, fam):
     # (16, 32]'s top pads 17..24 to 32 rows; a second kernel of a smaller block runs them,
-    # the model pricing it MARGIN below the top's there; the top keeps its whole blocks
-    from tsl.dynamic.microkernel import MARGIN, padded_price
+    # the model pricing it its margin below the top's there; the top keeps its whole blocks
+    from tsl.dynamic.microkernel import padded_price
 
     seconds = [n for n in range(1, len(art.kernels))
                if art.kernels[n].value == art.kernels[n - 1].value]
@@ -102,7 +103,7 @@ def _second_kernels_run_what_their_top_pads(art, fam):
         runs = [m for m in range(1, 41) if art.pieces(m) == [(n, m)]]
         assert runs and top.value not in runs and all(m % top.blocks["i"] for m in runs)
         for m in runs[:1] + runs[-1:]:
-            assert MARGIN * padded_price(fam, sec.fn, sec.schedule, ("i",), m) < \
+            assert sec.margin * padded_price(fam, sec.fn, sec.schedule, ("i",), m) < \
                 padded_price(fam, top.fn, top.schedule, ("i",), m)
             _check(art, fam, m, seed=m)
         assert art.pieces(top.value) == [(n - 1, top.value)]
@@ -263,3 +264,24 @@ def test_a_call_s_fixed_cost_is_timed_where_the_calls_run_on_this_host():
     assert calls.call_seconds(*resolve_target("vta")) == calls.CALL_SECONDS  # simulated
     fam = tsl.ops.dense(sym("m", upper=8), 16, 16)
     assert f"{cpu * 1e6:.0f} us per call" in tsl.build(fam, "cpu").dispatch()
+
+
+def test_only_a_top_that_runs_columns_outermost_offers_its_regroupings():
+    # a rows-outermost top's regroupings ran 1.14-1.60 of static (benchmarks/README.md dyn38,
+    # dyn39): those ranges take only other kernels, at the margin
+    from tsl.backend import resolve_target
+    from tsl.dynamic import microkernel
+    from tsl.record import record
+
+    machine = resolve_target("cpu")[1]
+    op = tsl.ops.dense(256, 768, 3072)
+    knobs = {"k_inner": 1, "m_inner": 8, "m_outer": 16, "n_inner": 3, "n_outer": 4,
+             "stages": 1}
+    got = {}
+    for outer in ("n", "m"):
+        s = record(op, machine, None, {**knobs, "outer": outer})
+        regroup = record(op, machine, None, {**knobs, "outer": outer, "m_outer": 4})
+        top = plan.Kernel(256, s, 0.0, blocks={"i": 128})
+        found = [SimpleNamespace(schedule=regroup, knobs=dict(regroup.knob_values))]
+        got[outer] = sorted(m for _, m in microkernel._others(top, found, ("i",)))
+    assert got == {"n": [1.0, microkernel.MARGIN], "m": [microkernel.MARGIN]}
