@@ -1,6 +1,7 @@
 """Shape-generic builds (issue #25 step 2): one build of a family runs at every value."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -64,9 +65,9 @@ def test_gemm_rows_are_a_run_time_argument_padded_only_to_the_block():
     fam = tsl.ops.matmul(sym("m", upper=300), 24, 40)
     art = tsl.build(fam, "cpu")
     assert all(k.blocks for k in art.kernels)
-    # a kernel per value up to SMALL (6), then one per doubling range: 6 + 8..256 + 300 = 13,
-    # not one per value
-    assert len(art.kernels) <= 13 and all(len(art.pieces(m)) == 1 for m in (1, 77, 300))
+    # a kernel per value up to SMALL (6), then one per doubling range: 6 + 8..256 + 300 = 13
+    # ranges, each with at most a second kernel for the values its top pads: not one per value
+    assert len(art.kernels) <= 2 * 13 and all(len(art.pieces(m)) == 1 for m in (1, 77, 300))
     for m in (1, 3, 8, 9, 77, 129, 255, 300):
         _check(art, fam, m, seed=m)
     assert "padded to whole blocks" in art.dispatch()
@@ -78,13 +79,34 @@ def test_each_range_runs_the_static_build_s_choice_at_its_top():
     fam = tsl.ops.dense(sym("m", upper=40), 96, 80, epilogue=tsl.ops.bias())
     art = tsl.build(fam, "cpu")
     assert [k.value for k in art.kernels][:6] == [1, 2, 3, 4, 5, 6]  # small values: their own
-    for k in art.kernels:
+    tops = {k.value: k for k in reversed(art.kernels)}  # a range's first kernel: its top's
+    for k in tops.values():
         static = tsl.build(fam.at(m=k.value), "cpu").schedule
         assert k.knobs == dict(static.knob_values), k.value
     padded = [m for m in range(7, 41) if m % art.kernels[art.pieces(m)[0][0]].blocks["i"]]
     assert len(padded) >= 2  # values off their kernel's block: padded rows
     for m in padded[:2] + padded[-1:]:
         _check(art, fam, m, seed=m)
+    _second_kernels_run_what_their_top_pads(art, fam)
+
+
+def _second_kernels_run_what_their_top_pads(art, fam):
+    # (16, 32]'s top pads 17..24 to 32 rows; a second kernel of a smaller block runs them,
+    # the model pricing it its margin below the top's there; the top keeps its whole blocks
+    from tsl.dynamic.microkernel import padded_price
+
+    seconds = [n for n in range(1, len(art.kernels))
+               if art.kernels[n].value == art.kernels[n - 1].value]
+    assert seconds, art.dispatch()
+    for n in seconds:
+        top, sec = art.kernels[n - 1], art.kernels[n]
+        runs = [m for m in range(1, 41) if art.pieces(m) == [(n, m)]]
+        assert runs and top.value not in runs and all(m % top.blocks["i"] for m in runs)
+        for m in runs[:1] + runs[-1:]:
+            assert sec.margin * padded_price(fam, sec.fn, sec.schedule, ("i",), m) < \
+                padded_price(fam, top.fn, top.schedule, ("i",), m)
+            _check(art, fam, m, seed=m)
+        assert art.pieces(top.value) == [(n - 1, top.value)]
 
 
 def test_a_symbol_in_several_axes_is_padded_not_cut():
@@ -242,3 +264,24 @@ def test_a_call_s_fixed_cost_is_timed_where_the_calls_run_on_this_host():
     assert calls.call_seconds(*resolve_target("vta")) == calls.CALL_SECONDS  # simulated
     fam = tsl.ops.dense(sym("m", upper=8), 16, 16)
     assert f"{cpu * 1e6:.0f} us per call" in tsl.build(fam, "cpu").dispatch()
+
+
+def test_only_a_top_that_runs_columns_outermost_offers_its_regroupings():
+    # a rows-outermost top's regroupings ran 1.14-1.60 of static (benchmarks/README.md dyn38,
+    # dyn39): those ranges take only other kernels, at the margin
+    from tsl.backend import resolve_target
+    from tsl.dynamic import microkernel
+    from tsl.record import record
+
+    machine = resolve_target("cpu")[1]
+    op = tsl.ops.dense(256, 768, 3072)
+    knobs = {"k_inner": 1, "m_inner": 8, "m_outer": 16, "n_inner": 3, "n_outer": 4,
+             "stages": 1}
+    got = {}
+    for outer in ("n", "m"):
+        s = record(op, machine, None, {**knobs, "outer": outer})
+        regroup = record(op, machine, None, {**knobs, "outer": outer, "m_outer": 4})
+        top = plan.Kernel(256, s, 0.0, blocks={"i": 128})
+        found = [SimpleNamespace(schedule=regroup, knobs=dict(regroup.knob_values))]
+        got[outer] = sorted(m for _, m in microkernel._others(top, found, ("i",)))
+    assert got == {"n": [1.0, microkernel.MARGIN], "m": [microkernel.MARGIN]}

@@ -83,7 +83,7 @@ def test_the_build_takes_each_range_s_least_total_and_only_complete_ones(tmp_pat
     fam, m = family(), tsl.backend.resolve_target("cpu")[1]
     key = family_key(fam, m, mine)
     (lo, top, pts), = [r for r in ranges(fam) if r[1] == 8]
-    model = microkernel.choose(fam, m, mine, ("i",), lo, top, None, None).knobs
+    model = microkernel.choose(fam, m, mine, ("i",), lo, top, None, None)[0].knobs
     other = {**model, "k_inner": 1 if model["k_inner"] != 1 else 2, "outer": "m"}
     db = Database(tmp_path / "t.jsonl")
     for knobs, t, vals in ((model, 2e-3, pts), (other, 1e-3, pts), ({**other, "outer": "n"},

@@ -17,6 +17,7 @@ from ..model import evaluate
 from ..ops.sym import Family
 from ..schedules import default_schedule
 from . import microkernel, plan, symbolic
+from .microkernel import SMALL
 from .calls import call_seconds
 from .artifact import DynamicArtifact, DynamicBound
 from .shape import Dims, dims_of
@@ -25,10 +26,6 @@ from .shape import Dims, dims_of
 # one more range above serves every larger value (its kernel chosen over all of them);
 # a range (256, 2048] chose knobs 1.4x slower at 512 than doubling ranges do.
 SYMBOLIC_TOP = 4096
-# Values up to SMALL each get a kernel of their own: there a GEMM's row block is its register
-# tile, which a static build sizes to the value (5 rows at m = 5); m = 5 padded to a 4- or
-# 8-row block measured 1.2-1.6x the static call (dense 768->3072, Xeon and Zen 4).
-SMALL = 6
 
 __all__ = ["DynamicArtifact", "DynamicBound", "build_family", "kernels_for", "rungs"]
 
@@ -98,14 +95,14 @@ def _build_symbolic(fam, backend, machine, fn, knobs, dims: Dims, values) -> Dyn
     """Kernels with run-time rows, one per range of `symbolic_ladder` (`microkernel`);
     `knobs` by range top ({top: knobs}, a tuned family) are taken as they are."""
     tuned = knobs if knobs and all(isinstance(k, int) for k in knobs) else None
-    kernels = microkernel.kernels(fam, machine, fn, dims.axes,
-                                  sorted(values or symbolic_ladder(dims.symbol.upper)),
-                                  dims.symbol.upper, None if tuned else knobs,
-                                  _check(machine), tuned)
+    per_range = microkernel.kernels(fam, machine, fn, dims.axes,
+                                    sorted(values or symbolic_ladder(dims.symbol.upper)),
+                                    dims.symbol.upper, None if tuned else knobs,
+                                    _check(machine), tuned)
+    kernels, tab = microkernel.table(fam, per_range, call_seconds(backend, machine))
     for k in kernels:
         k.artifact = backend.build_symbolic(k.schedule, k.blocks)
-    return DynamicArtifact(fam, dims, kernels,
-                           microkernel.table(fam, kernels, call_seconds(backend, machine)))
+    return DynamicArtifact(fam, dims, kernels, tab)
 
 
 def symbolic_ladder(upper: int) -> list[int]:

@@ -11,6 +11,11 @@ better that ran 1.3-1.7x slower than the static build's (dense 768->3072 at m = 
 lower range's smaller block) ran 1.1-1.4x slower than the range's own kernel at m = 33, 65,
 100, 129; and the top's knobs with the rows' outer tile cut (block 32 -> 8, the model +1%
 at the top) won at m = 100 of 768->3072 but lost 10-30% at m = 128 and 333 elsewhere.
+
+So the top's kernel stays, and where its blocks pad a range's values a second kernel of a
+smaller block (`second`) runs just those the model prices it MARGIN below the top at: there
+the padded rows are a difference the model sees (768->3072 at m = 100 / 200 / 333: 1.12 /
+1.11 / 1.44 of static -> 0.99 / 1.00 / 1.03; benchmarks/README.md, dyn39).
 """
 
 from __future__ import annotations
@@ -21,10 +26,21 @@ from ..errors import ScheduleError
 from ..model import evaluate, search
 from ..model.search import record_fixed
 from . import plan
-from .symbolic import blocks_of, padded_op
+from .symbolic import blocks_of, padded, padded_op
 
 TOP = 12  # the model's best candidates at a range's top that the family tuner measures
 SAMPLES = 4  # values per range a candidate is checked (and tuned) at
+# Values up to SMALL each get a kernel of their own: there a GEMM's row block is its register
+# tile, which a static build sizes to the value (5 rows at m = 5); m = 5 padded to a 4- or
+# 8-row block measured 1.2-1.6x the static call (dense 768->3072, Xeon and Zen 4). A range's
+# second kernel has blocks of at least SMALL as well: one of 2 rows (the model's pick for
+# m in (8, 16] of 768->3072) ran m = 10-14 at 1.10-1.27 of static, its top's block 0.96-1.10.
+SMALL = 6
+# A value runs its range's second kernel only where the model prices it this many times
+# below the top's kernel there: between kernels it prices within a few percent its ranking
+# is no better than chance (dense 3072->768 at m = 333: a second kernel priced 5% below the
+# top's ran 1.25x its time; 768->3072 at m = 100-333, priced 20-50% below, 0.8x).
+MARGIN = 1.1
 
 
 def padded_schedule(fam, fn, s, axes, v: int):
@@ -63,17 +79,74 @@ def pool(fam, machine, fn, axes, hi: int, fixed: dict | None, check,
 
 
 def choose(fam, machine, fn, axes, lo: int, hi: int, fixed: dict | None,
-           check) -> plan.Kernel:
-    """The kernel for values (lo, hi]: the model's best at `hi` whose knobs record at every
-    sample value of the range, padded to their blocks (see the module's text)."""
+           check) -> list[plan.Kernel]:
+    """The kernels for values (lo, hi]: the model's best at `hi` whose knobs record at every
+    sample value of the range, padded to their blocks (see the module's text), and where
+    that block pads some sample, `second`'s kernel for the values it pads."""
     name = next(iter(fam.syms))
     pts = samples(lo, hi)
-    for c in search(fam.at(**{name: hi}), machine, fn, fixed, check=check).candidates:
+    found = search(fam.at(**{name: hi}), machine, fn, fixed, check=check).candidates
+    for c in found:
         if all(padded_schedule(fam, fn, c.schedule, axes, v) is not None for v in pts):
-            s = c.schedule
-            return plan.Kernel(hi, s, c.estimate.seconds, blocks=blocks_of(s, axes), fn=fn)
+            top = plan.Kernel(hi, c.schedule, c.estimate.seconds,
+                              blocks=blocks_of(c.schedule, axes), fn=fn)
+            return [top] + second(fam, fn, axes, pts, top, found)
     raise ScheduleError(f"{fam}: no schedule of the model's fits every value of {name} in "
                         f"({lo}, {hi}]")
+
+
+def second(fam, fn, axes, pts: list[int], top: plan.Kernel, found) -> list[plan.Kernel]:
+    """[a kernel] for the values of a range that the top's blocks pad, or [] where none is
+    worth it: of `_others`, the one that lowers the model's time summed over the sample
+    values `pts` most, each value priced on whichever of the two kernels is cheaper there
+    (padded to its blocks, by the candidate's margin). The top stays for the values its
+    blocks fit: the model misjudges knobs it rates near-equal (the module's text), so a
+    second kernel runs only where padding makes the difference."""
+    padding = [v for v in pts if any(padded(v, b) != v for b in top.blocks.values())]
+    if not padding:
+        return []
+    base = {v: padded_price(fam, fn, top.schedule, axes, v) for v in padding}
+    best, gain = None, 0.0
+    for c, margin in _others(top, found, axes):
+        g = sum(max(0.0, base[v] - margin * padded_price(fam, fn, c.schedule, axes, v))
+                for v in padding)
+        if g > gain:
+            best, gain = (c, margin), g
+    if best is None:
+        return []
+    c, margin = best
+    return [plan.Kernel(top.value, c.schedule, c.estimate.seconds,
+                        blocks=blocks_of(c.schedule, axes), fn=fn, margin=margin)]
+
+
+def _others(top: plan.Kernel, found, axes) -> list[tuple]:
+    """(candidate, margin): the model's best at the top of each other block of at least
+    SMALL rows, at MARGIN; and where the top runs its blocks inside another axis
+    (`_blocks_inside`), its regroupings (one knob moved, blocks that divide the top's: the
+    same tiles, fewer to a block) at 1: between a schedule and its own regrouping the padded
+    rows are the difference the model prices (3072->768 at m = 200: the top's knobs with
+    32-row blocks, priced 9.5% below the top's, ran 0.87x; dyn39)."""
+    out: dict[tuple, tuple] = {}
+    for c in found:
+        blocks = blocks_of(c.schedule, axes)
+        key = tuple(blocks.items())
+        if key == tuple(top.blocks.items()) or min(blocks.values()) < SMALL:
+            continue
+        moved = sum(c.knobs.get(k) != v for k, v in top.knobs.items())
+        if (moved == 1 and all(top.blocks[a] % b == 0 for a, b in blocks.items())
+                and _blocks_inside(top.schedule, axes)):
+            out.setdefault((key, 1.0), (c, 1.0))
+        out.setdefault((key, MARGIN), (c, MARGIN))
+    return list(out.values())
+
+
+def _blocks_inside(s, axes) -> bool:
+    """Whether the outermost loop runs another output axis before the symbolic ones (a
+    GEMM's columns outermost): regrouping such a top's rows ran 0.88-1.06 of static at every
+    m tried, a rows-outermost top's 1.14-1.60 (dyn38; 768->3072 at 333: 1.156, dyn39)."""
+    roles = {a.name: a.role for a in s.op.axes}
+    order = [a for a in s.loops[0].axes if roles[a] in ("m", "n")]
+    return bool(order) and order[0] not in axes
 
 
 def ranges(rungs: list[int], upper: int) -> list[tuple[int, int]]:
@@ -84,13 +157,14 @@ def ranges(rungs: list[int], upper: int) -> list[tuple[int, int]]:
 
 
 def kernels(fam, machine, fn, axes, rungs: list[int], upper: int, fixed,
-            check, tuned: dict | None = None) -> list[plan.Kernel]:
-    """One kernel per range between rungs; the top one's range reaches `upper`. `tuned`:
-    {range top: knobs} measured by `tsl.tune` (those ranges skip the model's search)."""
+            check, tuned: dict | None = None) -> list[list[plan.Kernel]]:
+    """Per range between rungs (the top one's reaching `upper`) its kernels: the top's, and
+    a second for the values it pads (`choose`). `tuned`: {range top: knobs} measured by
+    `tsl.tune` (those ranges skip the model's search and get one kernel)."""
     out = []
     for lo, hi in ranges(rungs, upper):
         if tuned and hi in tuned:
-            out.append(with_knobs(fam, machine, fn, axes, hi, tuned[hi]))
+            out.append([with_knobs(fam, machine, fn, axes, hi, tuned[hi])])
         else:
             out.append(choose(fam, machine, fn, axes, lo, hi, fixed, check))
     return out
@@ -105,17 +179,64 @@ def with_knobs(fam, machine, fn, axes, hi: int, knobs: dict) -> plan.Kernel:
     return plan.Kernel(hi, s, evaluate(s).seconds, blocks=blocks_of(s, axes), fn=fn)
 
 
-def table(fam, kernels: list[plan.Kernel],
-          call_s: float = plan.CALL_SECONDS) -> plan.Table:
-    """Each range runs its kernel; prices come from the model on demand."""
-    rows, lo = [], 1
-    for n, k in enumerate(kernels):
-        rows.append(plan.Range(lo, k.value, n, False))
-        lo = k.value + 1
-    tab = plan.Table(rows, None, call_s)
+def table(fam, per_range: list[list[plan.Kernel]],
+          call_s: float = plan.CALL_SECONDS) -> tuple[list[plan.Kernel], plan.Table]:
+    """The kernels in one list and the table over them: a range with one kernel runs it on
+    every value; with two, each value runs the one the model prices lower padded there
+    (`_split`)."""
+    kernels, rows, lo = [], [], 1
+    for ks in per_range:
+        first = len(kernels)
+        kernels += ks
+        hi = ks[0].value
+        if len(ks) == 1:
+            rows.append(plan.Range(lo, hi, first, False))
+        else:
+            rows += _split(fam, ks, lo, hi, first)
+        lo = hi + 1
+    merged: list[plan.Range] = []
+    for r in rows:
+        if merged and merged[-1].kernel == r.kernel:
+            r = plan.Range(merged[-1].lo, r.hi, r.kernel, False)
+            merged.pop()
+        merged.append(r)
+    tab = plan.Table(merged, None, call_s)
 
     def price(v: int) -> float:
         k = kernels[tab.at(v).kernel]
         return padded_price(fam, k.fn, k.schedule, tuple(k.blocks), v) + call_s
     tab.seconds = price
-    return tab
+    return kernels, tab
+
+
+def _split(fam, ks: list[plan.Kernel], lo: int, hi: int, first: int) -> list[plan.Range]:
+    """Values lo..hi between a range's top kernel ks[0] and its second ks[1]: in each of the
+    top's blocks the top's time is one price and the second's grows with the value, so the
+    second runs the block's values up to the last it is priced lower at (a binary search),
+    the top the rest."""
+    top, sec = ks
+    step = max(top.blocks.values())
+    cache: dict[tuple, float] = {}
+
+    def cheaper(v: int) -> bool:
+        def at(k):
+            key = (id(k), tuple(padded(v, b) for b in k.blocks.values()))
+            if key not in cache:
+                cache[key] = padded_price(fam, k.fn, k.schedule, tuple(k.blocks), v)
+            return cache[key]
+        return sec.margin * at(sec) < at(top)
+    rows, a = [], lo
+    while a <= hi:
+        b = min(hi, padded(a, step))
+        # The second is cheaper up to x, not beyond y; never on a whole number of the top's
+        # blocks, where the top's kernel is what a static build at that value would be.
+        x, y = a - 1, b - 1 if b == padded(b, step) else b
+        while x < y:
+            mid = (x + y + 1) // 2
+            x, y = (mid, y) if cheaper(mid) else (x, mid - 1)
+        if x >= a:
+            rows.append(plan.Range(a, x, first + 1, False))
+        if x < b:
+            rows.append(plan.Range(x + 1, b, first, False))
+        a = b + 1
+    return rows

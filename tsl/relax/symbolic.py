@@ -159,8 +159,8 @@ class Plan:
     glue: object = None  # the swap pass's Glue (add_dispatch)
 
     def knobs(self) -> dict:
-        return {f"{self.sm.var.name}<={self.art.kernels[r.kernel].value}":
-                self.art.kernels[r.kernel].knobs for r in self.art.table.ranges}
+        return {f"{self.sm.var.name}<={r.hi}": self.art.kernels[r.kernel].knobs
+                for r in self.art.table.ranges}
 
     def call(self, call):
         """The call site's replacement: a call of its dispatch function."""
