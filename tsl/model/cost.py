@@ -451,7 +451,8 @@ def feed_efficiency(s: Schedule) -> float:
     operands from the primitive's operand level into its accumulator level (a CPU's loads
     into registers): every reduction step of the accumulator tile loads one vector per
     block row of A (a broadcast) and one per block column of B, each as wide as a block of
-    the accumulator, at the mover's bytes per cycle; the tile's blocks reuse them."""
+    the accumulator, at the mover's bytes per cycle (its `unpacked_bytes_per_cycle` where an
+    operand is read where it lies, not packed); the tile's blocks reuse them."""
     p = s.primitive
     acc = next((st for st in s.stages if st.operand == "C"), None)
     mv = _mover(s, p.a_level, p.c_level) if p is not None and acc is not None else None
@@ -459,7 +460,9 @@ def feed_efficiency(s: Schedule) -> float:
         return 1.0
     rows, cols = step_blocks(s, acc)
     vector = p.m * p.n * dtype_bytes(p.acc_dtype)
-    load = (rows + cols) * vector / mv.bytes_per_cycle
+    unpacked = not {"A", "B"} <= set(s.packed)
+    rate = (mv.unpacked_bytes_per_cycle if unpacked else 0.0) or mv.bytes_per_cycle
+    load = (rows + cols) * vector / rate
     compute = rows * cols * p.m * p.n * p.k / p.macs_per_cycle
     return min(1.0, compute / load) if load else 1.0
 
@@ -468,8 +471,12 @@ def store_cycles(s: Schedule, acc: Stage) -> float:
     """Cycles of the stores that write accumulator tile `acc` back, per fill, where the
     operands' mover (a core's load/store unit) carries it: one store per contiguous run of the
     tile in the output's layout, up to a vector of the accumulator each; a run narrower than
-    the vector still takes a whole store (its lanes gathered from several registers, as NCHW
-    output written from vectors of channels is), so such a tile stores more often."""
+    the vector still takes a whole store. Where the output's runs lie across the accumulator's
+    lanes (NCHW output, pixels contiguous, written from vectors of channels) the program also
+    gathers each stored vector lane by lane from as many registers (mnv37 counted ~370
+    instructions per 16 x 16 tile of it against 272 FMAs): one more store slot per element,
+    the same for every tile shape of the operator, so it weighs on the choice between
+    operators (the in-place GEMM stores whole vectors), not on their knobs."""
     p = s.primitive
     mv = _mover(s, p.a_level, p.c_level)
     bandwidth = (mv.store_bytes_per_cycle or mv.bytes_per_cycle) if mv is not None else 0.0
@@ -478,6 +485,9 @@ def store_cycles(s: Schedule, acc: Stage) -> float:
     rows = tile_rows(s, acc, packed=False)  # the core stores straight into the output
     lanes = p.m * p.n
     stores = rows * math.ceil(acc.elements / rows / lanes)
+    dims = layout_dims(s, acc, _inner_ext(s, acc.at), packed=False)
+    if lanes > 1 and dims and s.role_of(dims[-1][0]) != "n":  # runs across the lanes (n)
+        stores += acc.elements
     return stores * lanes * dtype_bytes(s.op.out_dtype) / bandwidth
 
 

@@ -12,7 +12,7 @@ File format (every machine file in `machines/` is an example)::
                      layout_a, layout_b, macs_per_cycle, latency, issued_by, instruction,
                      intrinsic, scratch
     [[mover]]        name, src, dst, dims, padding, bytes_per_cycle, store_bytes_per_cycle,
-                     latency
+                     unpacked_bytes_per_cycle, latency
     [[vector]]       name, level, lanes, ops, dtypes, ops_per_cycle
 
 Capacities are integers of bytes or strings such as "32 KiB". A memory level's parent defaults
@@ -273,7 +273,7 @@ class _Parser:
         kw = self.fields(f"mover #{i}", raw, Mover, {
             "name": _str, "src": _str, "dst": _str, "dims": _pos_int, "padding": _bool,
             "bytes_per_cycle": _nonneg_float, "store_bytes_per_cycle": _nonneg_float,
-            "latency": _nonneg_int})
+            "unpacked_bytes_per_cycle": _nonneg_float, "latency": _nonneg_int})
         for key in ("src", "dst"):
             if kw[key] not in levels:
                 raise self.err(f"mover {kw['name']!r}", key,

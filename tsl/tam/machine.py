@@ -121,6 +121,10 @@ class Mover:
     # Bytes per cycle the other way, dst -> src (a core's stores: one port where loads have
     # two); 0: as bytes_per_cycle.
     store_bytes_per_cycle: float = 0.0
+    # Bytes per cycle of the loads where the operands are read unpacked, where they lie (a
+    # GEMM whose B is an activation read in place: each reduction step loads a row of it and
+    # broadcasts one element of each of A's rows); 0: as bytes_per_cycle.
+    unpacked_bytes_per_cycle: float = 0.0
 
 
 @dataclass(frozen=True)
