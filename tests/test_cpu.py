@@ -157,7 +157,8 @@ def test_reduction_block_runs_as_one_loop(machine, dtype, op, knob, loop):
     loop LLVM unrolls whole, spilling the register tile), exact where the block does not
     divide the reduction."""
     art = check(op(dtype), machine, **{knob: 4})
-    assert re.search(rf"for {loop}_fused in range\(\d+\)", art.tir())
+    # (printed with its annotation where it prefetches: `lowering._prefetch_weights`)
+    assert re.search(rf"for {loop}_fused in (range|T\.serial)\(\d+", art.tir())
 
 
 def test_input_errors():
@@ -185,6 +186,26 @@ def test_missing_cpu_feature_is_backend_unavailable(tmp_path):
     m = variant(tmp_path, "fancy", lambda s: s.replace("require = [", 'require = ["sme2", ', 1))
     with pytest.raises(BackendUnavailable, match=r"lacks \['sme2'\].*machines it runs"):
         tsl.build(ops.matmul(8, 8, 8), m)
+
+
+@pytest.mark.parametrize("ahead", [0, 4096])
+def test_gemm_weights_prefetched_as_the_file_says(tmp_path, ahead):
+    """`params.prefetch_bytes` > 0: a GEMM whose tile's weight panel outgrows the L1
+    prefetches it that far ahead, exact at rows, columns and steps the tile does not divide;
+    0, a panel that fits the L1, and any conv: no software prefetch (the hardware's alone)."""
+    m = variant(tmp_path, "prefetching", lambda s: re.sub(
+        r"\nprefetch_bytes = \d+\n", "\n", s).replace(
+        "[params]\n", f"[params]\nprefetch_bytes = {ahead}\n", 1))
+    p = m.primitive("float32")
+    l1 = m.memory_level(p.b_level).capacity
+    hint = "prefetcht0" if m.params.arch == "x86_64" else "prfm"
+    long_k = 2 * l1 // (4 * p.n) + 3  # the panel of a one-vector-wide tile: twice the L1
+    asm = {k: check(ops.dense(100, k, 40), m, m_inner=4, n_inner=1).source("asm")
+           for k in (long_k, 96)}
+    conv = check(ops.conv2d(1, 19, 11, 9, 21, 3, 3, padding=1), m)
+    assert (hint in asm[long_k]) == (ahead > 0)
+    assert hint not in asm[96]
+    assert hint not in conv.source("asm")
 
 
 def test_a_new_cpu_variant_is_one_toml_file(tmp_path):

@@ -144,6 +144,52 @@ def test_runtime_weights_are_packed_by_relax_calls():
     assert bench._rel_err(outs[0], outs[1]) < 1e-5
 
 
+class LongLinear(nn.Module):
+    """One linear layer whose weight panel per register tile outgrows the L1 (K long)."""
+
+    def __init__(self, k):
+        self.fc = nn.Linear(k, 40)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def _assembly(ex) -> str:
+    """The assembly of every compiled module under `ex` (the kernels are in an import)."""
+    out, todo = [], [ex.mod]
+    while todo:
+        m = todo.pop()
+        if m.kind == "llvm":
+            out.append(m.inspect_source("asm"))
+        todo += list(m.imports)
+    return "\n".join(out)
+
+
+def test_cpu_tir_pipeline_keeps_the_weight_prefetch():
+    """Compiled with `tir_pipeline("cpu")`, a model's GEMM keeps what `tsl.build`'s has: on a
+    machine whose file prefetches the weights (`params.prefetch_bytes`), the prefetch, which
+    TVM's default TIR pipeline drops; the output is the same either way."""
+    m = detect()
+    if not m.params.prefetch_bytes:
+        pytest.skip(f"{m.name}'s file has no weight prefetch")
+    k = 2 * m.memory_level("l1").capacity // 64 + 3
+    mod, params = LongLinear(k).export_tvm({"forward": {"x": nn.spec.Tensor((100, k), "float32")}})
+    rng = np.random.default_rng(4)
+    weights = models.random_weights(params, 1)
+    args = [rng.uniform(-1, 1, (100, k)).astype("float32")] + [weights[n] for n, _ in params]
+    outs, asm = [], []
+    for tir in (tsl.relax.tir_pipeline("cpu"), "default"):
+        ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                         relax_pipeline=tsl.relax.pipeline("cpu"), tir_pipeline=tir)
+        asm.append(_assembly(ex))
+        outs.append(relax.VirtualMachine(ex, tvm.cpu())["forward"](
+            *[tvm.runtime.tensor(a) for a in args]).numpy())
+    assert "prefetcht0" in asm[0] and "prefetcht0" not in asm[1]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    x, w, b = (args[0], weights["fc.weight"], weights["fc.bias"])
+    assert bench._rel_err(outs[0], (x.astype("float64") @ w.T + b).astype("float32")) < 1e-5
+
+
 def test_tiny_encoder_equals_tvm_and_torch():
     model, shape = models.bert_layer(small=True)
     mod, weights, x = models.export(model, shape)

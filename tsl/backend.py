@@ -147,6 +147,12 @@ class Backend(ABC):
         none: the artifact `tsl.build` makes is what the model calls)."""
         return {}
 
+    def relax_tir_pipeline(self, machine: Machine) -> str:
+        """The name of the TIR pipeline `tvm.compile` lowers a Relax model's functions with for
+        `machine` (its `tir_pipeline`): TVM's default, unless the back end registers its own
+        (passes its `tsl.build` kernels get too)."""
+        return "default"
+
     def tvm_target(self, machine: Machine):
         """The TVM Target to compile a whole Relax model with for `machine`, so that tsl's
         kernels and TVM's own code both use the machine's instructions."""

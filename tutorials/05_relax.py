@@ -31,9 +31,11 @@ mod, weights, x = models.export(model, shape)
 # 2. Which calls tsl takes, before compiling anything.
 print(tsl.relax.report(mod, "cpu"))
 
-# 3. Compile: the TVM target for the host (its vector extensions on), tsl's pipeline.
+# 3. Compile: the TVM target for the host (its vector extensions on), tsl's pipeline, and the
+#    TIR pipeline tsl's CPU kernels are lowered with (their weight prefetch).
 target = tsl.relax.tvm_target("cpu")
-ex = tvm.compile(mod, target=target, relax_pipeline=tsl.relax.pipeline("cpu"))
+ex = tvm.compile(mod, target=target, relax_pipeline=tsl.relax.pipeline("cpu"),
+                 tir_pipeline=tsl.relax.tir_pipeline("cpu"))
 vm = relax.VirtualMachine(ex, tvm.cpu())
 y = vm["forward"](tvm.runtime.tensor(x)).numpy()
 

@@ -153,7 +153,8 @@ def _party_tsl(name, frontend, work, rounds, profile) -> tuple[dict, np.ndarray]
     else:
         t0 = time.perf_counter()
         ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                         relax_pipeline=tsl.relax.pipeline("cpu"))
+                         relax_pipeline=tsl.relax.pipeline("cpu"),
+                         tir_pipeline=tsl.relax.tir_pipeline("cpu"))
         info["compile_s"] = time.perf_counter() - t0
         ex.export_library(str(lib))
     vm = relax.VirtualMachine(ex, tvm.cpu())

@@ -58,7 +58,8 @@ def compile_model(mod, target="cpu", use_tsl: bool = True, database=None) -> Com
     reports = []
     t0 = time.perf_counter()
     pipe = tsl_relax.pipeline(target, database, reports) if use_tsl else "default"
-    ex = tvm.compile(mod, target=tgt, relax_pipeline=pipe)
+    ex = tvm.compile(mod, target=tgt, relax_pipeline=pipe,
+                     tir_pipeline=tsl_relax.tir_pipeline(target) if use_tsl else "default")
     secs = time.perf_counter() - t0
     vm = relax.VirtualMachine(ex, tvm.cpu()) if tgt.kind.name == "llvm" else ex
     return Compiled(vm, secs, reports[-1] if reports else None)

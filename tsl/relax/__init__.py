@@ -1,7 +1,8 @@
 """tsl inside TVM's Relax pipelines.
 
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu"))
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
     print(tsl.relax.report(mod, "cpu"))
 
 `pipeline(target)` is TVM's default Relax pipeline for the target, with the imported graph's
@@ -11,7 +12,9 @@ conv2d (with the bias add, relu and requantize after it) is recognized from its 
 (`tsl.relax.match`), built with tsl's schedule for the target's machine (or the best record of
 a tuning database) and swapped in (`tsl.relax.swap`); then the activations' layouts are planned
 across consecutive kernels (`tsl.relax.layouts`: no crop / pad copies between them); everything
-else is TVM's.
+else is TVM's. `tir_pipeline(target)` is the TIR pipeline the back end lowers functions with
+(the CPU's adds the passes its kernels are built with: without it a model's GEMMs lose their
+weight prefetch).
 
 For a machine whose back end runs a model's layers as calls of its own programs
 (`Backend.relax_offload`: VTA), `pipeline("vta")` partitions a quantized model instead
@@ -26,7 +29,7 @@ from .imports import fold_batch_norm, import_passes
 from .layouts import layout_pass
 from .quantize import quantize
 from .swap import Decision, Report, swap_pass
-from .targets import machine_for, tvm_target
+from .targets import machine_for, tir_pipeline, tvm_target
 from .vta_run import run_vta
 
 

@@ -60,6 +60,16 @@ def machine_for(target) -> Machine:
     raise BackendUnavailable(f"TVM target kind {kind!r} has no tsl machine; known: {_known()}")
 
 
+def tir_pipeline(target) -> str:
+    """The `tir_pipeline` to pass `tvm.compile` with `tvm_target(target)`, as the back end says
+    (`Backend.relax_tir_pipeline`: tsl's own CPU pipeline, which its kernels need to run as
+    fast as `tsl.build`'s; TVM's default elsewhere and for a TVM Target)."""
+    if not (isinstance(target, Machine) or _tsl_name(target)):
+        return "default"
+    m = machine_for(target)
+    return get_backend(m.backend).relax_tir_pipeline(m)
+
+
 def tvm_target(target):
     """The TVM Target to compile a model with for `target`, as its back end says
     (`Backend.tvm_target`: for a CPU machine the host's LLVM CPU with the machine file's vector

@@ -53,7 +53,7 @@ PIPELINE = "tsl_cpu"
 
 
 @cache
-def _register_pipeline() -> None:
+def register_pipeline() -> None:
     import numpy as np
     import tvm
     import tvm_ffi
@@ -77,19 +77,89 @@ def _register_pipeline() -> None:
                 mod[gv] = f.with_body(tvm_ffi.structural_map(f.body, [(tirx.AllocBuffer, on_stack)]))
         return mod
 
+    @tvm.transform.module_pass(opt_level=0, name="tsl.PrefetchWeights")
+    def prefetch_weights(mod, _ctx):
+        for gv, f in list(mod.functions.items()):
+            if isinstance(f, tirx.PrimFunc):
+                mod[gv] = f.with_body(tvm_ffi.structural_map(f.body, [(tirx.For, _prefetched)]))
+        return mod
+
     def factory():
         passes, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
-        return (passes, lambda: tvm.transform.Sequential([stack_tiles, finalize_host()]),
+        return (passes, lambda: tvm.transform.Sequential([stack_tiles, prefetch_weights,
+                                                          finalize_host()]),
                 finalize_device)
 
     tirx.register_tir_pipeline(PIPELINE, factory)
+
+
+def _prefetched(loop):
+    """A loop the lowering marked (`lowering.PREFETCH_STEPS`) with, at the end of its body,
+    a prefetch into the L1 of each vector its body loads (the register tile's rows of B; A's
+    elements are broadcast from scalar loads), that many iterations ahead. Past the panel's
+    last step the addresses run off its end: a prefetch is a hint that never faults."""
+    from tvm import tirx
+
+    from .lowering import PREFETCH_STEPS
+
+    ahead = loop.annotations.get(PREFETCH_STEPS)
+    if ahead is None:
+        return loop
+    body = list(loop.body.seq) if isinstance(loop.body, tirx.SeqStmt) else [loop.body]
+    hints = [tirx.Evaluate(tirx.call_llvm_intrin(
+        "void", "llvm.prefetch", tirx.address_of(tirx.BufferLoad(
+            buf, [*outer, _replaced(base, loop.loop_var, lambda x: x + int(ahead))])),
+        0, 3, 1)) for buf, outer, base in _vector_loads(body)]
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
+                    tirx.SeqStmt(body + hints) if hints else loop.body, loop.thread_binding,
+                    {k: x for k, x in loop.annotations.items() if k != PREFETCH_STEPS},
+                    loop.step)
+
+
+def _replaced(expr, var, to):
+    """`expr` with each use of `var` replaced by `to(var)`."""
+    import tvm_ffi
+
+    return tvm_ffi.structural_map(expr, [(type(var), lambda x: to(x) if x.same_as(var) else x)])
+
+
+def _vector_loads(body: list) -> list:
+    """(buffer, outer indices, first element's index) of each distinct vector load in the
+    statements `body`, the index expanded through the lets bound among them (TVM's CSE binds
+    every tile's index to a variable of the loop's body, which the prefetch cannot move)."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    bound, loads = [], []  # (let variable, its value expanded); the vector loads
+
+    def on_load(ld):
+        if isinstance(ld.indices[-1], tirx.Ramp) and not any(
+                tvm_ffi.structural_equal(ld, x) for x in loads):
+            loads.append(ld)
+
+    for st in body:
+        if isinstance(st, tirx.Bind):
+            value = st.value
+            for var, val in bound:
+                value = _replaced(value, var, lambda _, v=val: v)
+            bound.append((st.var, value))
+        else:
+            tvm_ffi.structural_walk(st, [(tvm.ir.TensorLoad, on_load)], order="pre")
+    out = []
+    for ld in loads:
+        base = ld.indices[-1].base
+        for var, val in reversed(bound):
+            base = _replaced(base, var, lambda _, v=val: v)
+        out.append((ld.source, list(ld.indices[:-1]), base))
+    return out
 
 
 def compile_module(mod, machine, cross: bool = False):
     import tvm
 
     tgt = target(machine, cross)
-    _register_pipeline()
+    register_pipeline()
     bfloat = [p.intrinsic for p in machine.primitives if BFLOAT_OVERLOAD.search(p.intrinsic)]
     try:
         ex = tvm.compile(mod, target=tgt, tir_pipeline=PIPELINE)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ...errors import LoweringError
 from ...lower import LowerContext, Lowering
 from ...primitives.layout import Blocked
@@ -77,6 +79,29 @@ def _split_edges(ctx: LowerContext) -> None:
         for lp in loops[:-1]:
             if lp.extent > 1:
                 ctx.sch.annotate(ctx.rv(lp), "pragma_loop_partition_hint", 1)
+
+
+# The loop annotation `codegen`'s prefetch pass reads: k steps ahead to prefetch B at.
+PREFETCH_STEPS = "tsl_prefetch_steps"
+
+
+def _prefetch_weights(ctx: LowerContext, loops, row_bytes: int, l1_bytes: int) -> None:
+    """Mark the innermost reduction loop around a GEMM's register tile for a software
+    prefetch of the packed weights, `params.prefetch_bytes` ahead (whole k steps of
+    `row_bytes`, the tile's B row), on machines that set it, where the tile's weight panel
+    (K rows) outgrows the level B is read from (`l1_bytes`): a panel that fits stays there
+    for the next row tiles, and the hints only cost issue slots (attention's K = 64 products
+    ran 1-2% slower with them). Only GEMMs with B packed: a conv's innermost reduction loop
+    is a short channel loop inside the window's, whose next steps are not where its loads go
+    next."""
+    s = ctx.tsl
+    ahead = s.machine.params.prefetch_bytes
+    if not ahead or ctx.op.name == "conv2d" or "B" not in s.packed:
+        return
+    k = math.prod(lp.extent for lp in s.loops if s.role_of(lp.axes[0]) == "k")
+    runs = [lp for lp in loops if s.role_of(lp.axes[0]) == "k" and lp.extent > 1]
+    if runs and k * row_bytes > l1_bytes:
+        ctx.sch.annotate(ctx.rv(runs[-1]), PREFETCH_STEPS, -(-ahead // row_bytes))
 
 
 class CPULowering(Lowering):
@@ -211,6 +236,11 @@ class CPULowering(Lowering):
                 sch.unroll(ctx.rv(lp))
             sch.vectorize(ctx.rv(n_loop))
             ctx.blocks["C_init"] = sch.decompose_reduction(ctx.block, ctx.rv(k_outer))
+            nr = math.prod(lp.extent for lp in order[last_k + 1:]
+                           if s.role_of(lp.axes[0]) == "n")
+            _prefetch_weights(ctx, order[:last_k + 1],
+                              nr * dtype_bytes(self.b_dtype or self.primitive.b_dtype),
+                              self.machine.memory_level(self.primitive.b_level).capacity)
             return
         if self.primitive.m > 1:
             _rows_before_columns(ctx, order[t:])

@@ -14,7 +14,9 @@ class CPUParams(Params):
     features the file's primitives need (LLVM's names); cpus: LLVM CPU names this file is the
     best description of (host detection prefers it for them); qemu_cpu: the QEMU model an
     emulated run uses; uarch: per micro-architecture rate tables, `[params.uarch.NAME]`
-    (their keys are checked by `rates.uarch`, the one reader)."""
+    (their keys are checked by `rates.uarch`, the one reader); prefetch_bytes: how far ahead
+    of its loads, in bytes of the packed weight panel, a GEMM's reduction loop prefetches B
+    into the L1 (`lowering._prefetch_weights`); 0: no software prefetch, the hardware's alone."""
 
     arch: str = ""
     mtriple: str = ""
@@ -23,3 +25,4 @@ class CPUParams(Params):
     cpus: tuple[str, ...] = ()
     qemu_cpu: str = "max"
     uarch: dict[str, dict] = field(default_factory=dict)
+    prefetch_bytes: int = 0
