@@ -50,7 +50,8 @@ def error_vs_torch(mod, model, x) -> float:
     import tsl
 
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu"))
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
     got = (out if hasattr(out, "numpy") else out[0]).numpy()
     with torch.no_grad():

@@ -52,7 +52,8 @@ def _compile_and_run(mod, x):
     from tvm import relax
 
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu"))
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x))
     out = out[0] if not hasattr(out, "numpy") else out
@@ -184,7 +185,8 @@ def test_onnx_clip_is_a_relax_clip_only_where_its_bounds_are_constants_in_order(
     assert clips == (1 if lo <= hi and not bounds_as_inputs else 0), imported["main"].script()
     x = np.random.default_rng(6).uniform(-1, 1, (2, 3, 5)).astype("float32")
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu"))
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     args = [tvm.runtime.tensor(x)] + ([tvm.runtime.tensor(np.array(v, "float32"))
                                        for v in (lo, hi)] if bounds_as_inputs else [])
@@ -252,7 +254,8 @@ def test_constants_of_one_value_become_scalars_where_the_result_keeps_its_shape(
     # 0.25, 0.5 and 2 (was 3 x 5); the 3s stay 3 x 5 (the shape), the 4s a vector (an add)
     assert ndims == [0, 0, 0, 1, 2], ndims
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu"))
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
     rng = np.random.default_rng(9)
     xs, ys = rng.uniform(-1, 1, (3, 5)).astype("float32"), rng.uniform(-1, 1, 5).astype("float32")
     vm = relax.VirtualMachine(ex, tvm.cpu())

@@ -41,7 +41,8 @@ def test_encoder_with_a_dynamic_sequence_compiles_once_and_runs_at_any_length():
     mod = _imported(model, UPPER)
     reports = []
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu", reports=reports))
+                     relax_pipeline=tsl.relax.pipeline("cpu", reports=reports),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
     taken = reports[-1].taken
     # the four linear layers and both attention products, each with its symbolic dim
     assert len(taken) == 6 and all(f"in [1, {UPPER}]" in d.pattern for d in taken)
@@ -73,7 +74,8 @@ def test_a_linear_layer_s_kernels_keep_noalias_beside_the_vm_s_shape_functions()
         {1: torch.export.Dim("seq", min=1, max=UPPER)},))
     mod = frontend.from_exported_program(ep, keep_params_as_input=False)
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu"))
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
     lib = ex.mod.imports[0] if ex.mod.imports else ex.mod
     assert '!"tvm-alias"' not in lib.inspect_source("ll")
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -122,7 +124,8 @@ def test_onnx_dynamic_axis_takes_its_bound_from_upper_bounds(tmp_path):
     with pytest.raises(InputError, match=r"upper_bounds=\{'seq'"):
         tsl.relax.report(mod, "cpu")
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu", upper_bounds={"seq": UPPER}))
+                     relax_pipeline=tsl.relax.pipeline("cpu", upper_bounds={"seq": UPPER}),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     for s in (1, 5, UPPER):
         x = np.random.default_rng(s).standard_normal((1, s, 64)).astype("float32")

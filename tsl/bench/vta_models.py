@@ -50,7 +50,8 @@ def row(model: str, target: str, hw: int = 224, skip_first: bool = True) -> dict
     (got,), stats = tsl.relax.run_vta(ex, x)
     (bgot,), bstats = tsl.relax.run_vta(q, x, target, classic=True)
     ex = tvm.compile(q, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu"))
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
     want = (out[0] if not hasattr(out, "numpy") else out).numpy()
     exact = bool(np.array_equal(got, want) and np.array_equal(bgot, want))
