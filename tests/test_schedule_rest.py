@@ -127,8 +127,9 @@ def test_rowwise_softmax_matches_numpy():
 
 def test_softmax_over_a_symbolic_row_is_vectorized_with_its_tail_peeled_and_correct():
     """A row of run-time length n: vectors of lanes with the partial one peeled off by TVM's
-    LoopPartition (no bound check per vector), right at lengths under, off and over the
-    lanes."""
+    LoopPartition (no bound check per vector), its max and sum too (lanes partials, their init
+    outside the bound check: inside it, rows shorter than the lanes read uninitialized lanes),
+    right at lengths under, off and over the lanes."""
     import tvm
     from tvm import relax, tirx
     from tvm.script import ir as I
@@ -152,9 +153,10 @@ def test_softmax_over_a_symbolic_row_is_vectorized_with_its_tail_peeled_and_corr
     f = next(f for gv, f in fused.functions.items()
              if isinstance(f, tirx.PrimFunc) and "softmax" in gv.name_hint)
     assert "T.vectorized" in f.script() and "pragma_loop_partition_hint" in f.script()
+    assert f.script().count("_rf_init") == 2 and f.script().count("_rf_update") == 2
     vm = relax.VirtualMachine(tvm.compile(Mod, target=tgt,
                                           relax_pipeline=tsl.relax.pipeline("cpu")), tvm.cpu())
-    for n in (3, 16, 37):
+    for n in (1, 3, 5, 16, 17, 37, 100):
         x = np.random.default_rng(n).standard_normal((3, n)).astype("float32")
         e = np.exp(x - x.max(-1, keepdims=True))
         np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(),

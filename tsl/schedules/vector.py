@@ -203,13 +203,17 @@ def _parallel_rows(sch, block, rows: int):
 def _vector_reduce(sch, block, lanes: int, rows: int) -> bool:
     """Reduce along the contiguous (innermost) axis in `lanes` partial sums (rfactor): the partial
     block is vectorized over the lanes, the lanes are then summed per row. LLVM will not vectorize
-    a float reduction itself (it may not reassociate). False when the loop does not split evenly
-    into lanes or TVM refuses the rfactor; the block is then left row-parallel only."""
+    a float reduction itself (it may not reassociate). A row of run-time length (a softmax over
+    the sequence) is split too, its partial vector peeled off (`_unchecked_partials`). False
+    when a static loop does not split evenly into lanes, a symbolic innermost loop is not the
+    reduction, or TVM refuses the rfactor; the block is then left row-parallel only."""
     from tvm.s_tir.schedule import ScheduleError
 
     loops = sch.get_loops(block)
     extent = sch.get(loops[-1]).extent
-    if len(loops) < 2 or not hasattr(extent, "value") or extent.value % lanes:
+    symbolic = not hasattr(extent, "value")
+    if len(loops) < 2 or (extent.value % lanes if not symbolic
+                          else sch.get(block).iter_vars[-1].iter_type != 2):
         return False
     try:
         _, ki = sch.split(loops[-1], factors=[None, lanes])
@@ -218,8 +222,21 @@ def _vector_reduce(sch, block, lanes: int, rows: int) -> bool:
         return False
     sch.vectorize(sch.get_loops(rf)[-1])
     _parallel_rows(sch, rf, rows)
+    if symbolic:
+        _unchecked_partials(sch, rf)
     _parallel_rows(sch, block, rows)
     return True
+
+
+def _unchecked_partials(sch, rf):
+    """The lanes partials of a symbolic row (split by lanes: every vector under the split's
+    bound check): their init taken out of the row's loop, where that check guarded it (a row
+    shorter than the lanes left lanes uninitialized: NaN at s = 5), and the loop partitioned
+    (see `_rows_per_block`) so that whole vectors run unchecked, the partial one peeled off."""
+    outer = sch.get_loops(rf)[-2]
+    init = sch.decompose_reduction(rf, outer)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.annotate(outer, "pragma_loop_partition_hint", 1)
 
 
 RULES = (injective, window, rowwise)
