@@ -40,6 +40,57 @@ def test_injective_rule_parallel_vectorized_and_correct():
     np.testing.assert_allclose(c.numpy(), np.maximum(a + b, 0), rtol=1e-6)
 
 
+def _padded_pack_mod():
+    """(3, 8, n) packed into (3, ceil(n / 32), 8, 32) panels, the columns past n zero: the
+    swap's pack of a GEMM's B whose columns are a run-time length (the attention scores')."""
+    from tvm.script import ir as I
+    from tvm.script import tirx as T
+
+    @I.ir_module
+    class Mod:
+        @T.prim_func(s_tir=True)
+        def main(x: T.handle, p: T.handle):
+            n = T.int64()
+            a = T.match_buffer(x, (T.int64(3), T.int64(8), n), "float32")
+            b = T.match_buffer(p, (T.int64(3), (n + T.int64(31)) // T.int64(32), T.int64(8),
+                                   T.int64(32)), "float32")
+            for i0, i1, i2, i3 in T.grid(T.int64(3), (n + T.int64(31)) // T.int64(32),
+                                         T.int64(8), T.int64(32)):
+                with T.sblock("pack"):
+                    v0, v1, v2, v3 = T.axis.remap("SSSS", [i0, i1, i2, i3])
+                    b[v0, v1, v2, v3] = T.if_then_else(
+                        v1 * T.int64(32) + v3 < n,
+                        a[v0, v2, T.min(v1 * T.int64(32) + v3, n - T.int64(1))], T.float32(0))
+    return Mod
+
+
+@pytest.mark.parametrize("cpu", [None, "x86-avx2"])
+def test_pack_padded_along_a_symbolic_extent_peels_its_last_panel_and_is_correct(cpu, monkeypatch):
+    """Every panel but the last is whole: TVM's LoopPartition (hinted on the symbolic loop, the
+    static batch loop parallel) drops the check and the clamp there; right at lengths under, at
+    and over the panel."""
+    import tvm
+
+    import tsl.relax
+
+    if cpu:
+        monkeypatch.setenv("TSL_CPU", cpu)
+    from tsl.relax.schedule_rest import _facts
+
+    mod = schedule_rest(_facts("cpu"))(_padded_pack_mod())
+    text = mod["main"].script()
+    assert "pragma_loop_partition_hint" in text and "T.parallel(T.int64(3))" in text, text
+    lib = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"))
+    for n in (1, 5, 32, 33, 100):
+        a = np.random.default_rng(n).standard_normal((3, 8, n)).astype("float32")
+        panels = (n + 31) // 32
+        want = np.zeros((3, 8, panels * 32), "float32")
+        want[:, :, :n] = a
+        out = tvm.runtime.tensor(np.full((3, panels, 8, 32), np.nan, "float32"))
+        lib["main"](tvm.runtime.tensor(a), out)
+        np.testing.assert_array_equal(out.numpy(), want.reshape(3, 8, panels, 32).transpose(0, 2, 1, 3))
+
+
 def test_pipeline_vectorizes_relax_glue_and_matches_numpy():
     import tvm
     from tvm import relax
@@ -127,8 +178,9 @@ def test_rowwise_softmax_matches_numpy():
 
 def test_softmax_over_a_symbolic_row_is_vectorized_with_its_tail_peeled_and_correct():
     """A row of run-time length n: vectors of lanes with the partial one peeled off by TVM's
-    LoopPartition (no bound check per vector), right at lengths under, off and over the
-    lanes."""
+    LoopPartition (no bound check per vector), its max and sum too (lanes partials, their init
+    outside the bound check: inside it, rows shorter than the lanes read uninitialized lanes),
+    right at lengths under, off and over the lanes."""
     import tvm
     from tvm import relax, tirx
     from tvm.script import ir as I
@@ -152,9 +204,10 @@ def test_softmax_over_a_symbolic_row_is_vectorized_with_its_tail_peeled_and_corr
     f = next(f for gv, f in fused.functions.items()
              if isinstance(f, tirx.PrimFunc) and "softmax" in gv.name_hint)
     assert "T.vectorized" in f.script() and "pragma_loop_partition_hint" in f.script()
+    assert f.script().count("_rf_init") == 2 and f.script().count("_rf_update") == 2
     vm = relax.VirtualMachine(tvm.compile(Mod, target=tgt,
                                           relax_pipeline=tsl.relax.pipeline("cpu")), tvm.cpu())
-    for n in (3, 16, 37):
+    for n in (1, 3, 5, 16, 17, 37, 100):
         x = np.random.default_rng(n).standard_normal((3, n)).astype("float32")
         e = np.exp(x - x.max(-1, keepdims=True))
         np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(),
