@@ -70,19 +70,18 @@ def register_pipeline() -> None:
         return tirx.AllocBuffer(buf, annotations={**dict(node.annotations),
                                                   "disable_lower_builtin": tirx.IntImm("bool", 1)})
 
-    @tvm.transform.module_pass(opt_level=0, name="tsl.StackTiles")
-    def stack_tiles(mod, _ctx):
-        for gv, f in list(mod.functions.items()):
-            if isinstance(f, tirx.PrimFunc):
-                mod[gv] = f.with_body(tvm_ffi.structural_map(f.body, [(tirx.AllocBuffer, on_stack)]))
-        return mod
+    def rewrite(name, node_type, fn):
+        """A module pass mapping `fn` over the `node_type` nodes of every PrimFunc's body."""
+        @tvm.transform.module_pass(opt_level=0, name=name)
+        def run(mod, _ctx):
+            for gv, f in list(mod.functions.items()):
+                if isinstance(f, tirx.PrimFunc):
+                    mod[gv] = f.with_body(tvm_ffi.structural_map(f.body, [(node_type, fn)]))
+            return mod
+        return run
 
-    @tvm.transform.module_pass(opt_level=0, name="tsl.PrefetchWeights")
-    def prefetch_weights(mod, _ctx):
-        for gv, f in list(mod.functions.items()):
-            if isinstance(f, tirx.PrimFunc):
-                mod[gv] = f.with_body(tvm_ffi.structural_map(f.body, [(tirx.For, _prefetched)]))
-        return mod
+    stack_tiles = rewrite("tsl.StackTiles", tirx.AllocBuffer, on_stack)
+    prefetch_weights = rewrite("tsl.PrefetchWeights", tirx.For, _prefetched)
 
     def factory():
         passes, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
