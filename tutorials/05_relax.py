@@ -7,8 +7,8 @@ recognized from its loops and blocks, built with tsl's schedule for the target's
 swapped in. The rest of the model is TVM's, unchanged. `tsl.relax.report` says which calls tsl
 took (schedule, knobs) and which it left to TVM, and why.
 
-Run: python tutorials/05_relax.py          (a narrow ResNet-18 and a small BERT layer: seconds)
-     python tutorials/05_relax.py --full   (ResNet-18 at 224x224 and BERT-base, sequence 128)
+Run: python tutorials/05_relax.py          (a narrow ResNet-18, fp32 and int8: under a minute)
+     python tutorials/05_relax.py --full   (ResNet-18 at 224x224)
 """
 
 import sys
