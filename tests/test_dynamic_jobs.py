@@ -78,3 +78,15 @@ def test_a_map_runs_in_other_processes_and_keeps_the_order(monkeypatch):
     got = jobs.mapped(lambda x: (x * x, os.getpid()), list(range(6)))
     assert [g[0] for g in got] == [x * x for x in range(6)]
     assert os.getpid() not in {g[1] for g in got}
+
+
+def test_a_worker_s_error_reaches_the_caller_with_its_type(monkeypatch):
+    """A range no schedule fits raises ScheduleError in its worker; the build (and the Relax
+    bridge, which reports it as the reason tsl left the function to TVM) gets that type."""
+    from tsl.errors import ScheduleError
+
+    def refuse(x):
+        raise ScheduleError(f"nothing fits {x}")
+    monkeypatch.setattr(jobs, "workers", lambda n: min(n, 2))
+    with pytest.raises(ScheduleError, match="nothing fits"):
+        jobs.mapped(refuse, [1, 2])
