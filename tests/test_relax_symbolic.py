@@ -133,3 +133,21 @@ def test_onnx_dynamic_axis_takes_its_bound_from_upper_bounds(tmp_path):
         y = (y if hasattr(y, "numpy") else y[0]).numpy()
         np.testing.assert_allclose(y, model(torch.from_numpy(x)).detach().numpy(),
                                    atol=1e-4, rtol=1e-4)
+
+
+def test_the_model_s_dispatch_tables_are_the_same_with_the_searches_in_workers(monkeypatch):
+    """The encoder's families searched in forked workers (`tsl.dynamic.jobs`, forced to two
+    on any host) dispatch every range to the kernels one process chooses."""
+    from tsl.dynamic import jobs
+    from tsl.relax import symbolic
+
+    mod = _imported(_encoder(), UPPER)
+
+    def tables():
+        monkeypatch.setattr(symbolic, "_BUILDS", {})  # no family kept from a build before
+        return [(d.function, d.pattern, d.knobs) for d in tsl.relax.report(mod, "cpu").taken]
+    monkeypatch.setenv(jobs.ENV, "1")
+    serial = tables()
+    monkeypatch.delenv(jobs.ENV)
+    monkeypatch.setattr(jobs, "workers", lambda n: min(n, 2))
+    assert len(serial) == 6 and tables() == serial

@@ -101,3 +101,35 @@ def test_bench_row_compares_the_tuned_family_with_a_static_tune(tuned, tmp_path)
     art = tsl.build(family(), "cpu", schedule=mine, knobs=db)
     r = bench.tuned_row(family(), art, 5, 2, tmp_path)
     assert r["verified"] and r["family_s"] > 0 and r["static_s"] > 0 and r["static_tune_s"] > 0
+
+
+def test_candidates_are_timed_at_real_time_priority_under_the_lock(monkeypatch, tmp_path):
+    """Every timing of the family tuner runs inside `tsl.timing.realtime` and `exclusive`
+    (as the static tuner's runner's), so TSL_TIMING=realtime protects it from other work."""
+    import contextlib
+
+    from tsl.tune import family_search
+
+    inside = {"realtime": 0, "exclusive": 0}
+    timed = []
+
+    def entered(name):
+        @contextlib.contextmanager
+        def cm(*args, **kwargs):
+            inside[name] += 1
+            try:
+                yield
+            finally:
+                inside[name] -= 1
+        return cm
+    real_times = family_search.call_times
+
+    def call_times(*args, **kwargs):
+        timed.append(dict(inside))
+        return real_times(*args, **kwargs)
+    monkeypatch.setattr(family_search, "realtime", entered("realtime"))
+    monkeypatch.setattr(family_search, "exclusive", entered("exclusive"))
+    monkeypatch.setattr(family_search, "call_times", call_times)
+    tune.tune(family(upper=2), "cpu", trials=2, schedule=mine,
+              database=Database(tmp_path / "t.jsonl"))
+    assert timed and all(t == {"realtime": 1, "exclusive": 1} for t in timed)

@@ -16,7 +16,7 @@ from ..errors import ScheduleError
 from ..model import evaluate
 from ..ops.sym import Family
 from ..schedules import default_schedule
-from . import microkernel, plan, symbolic
+from . import jobs, microkernel, plan, symbolic
 from .microkernel import SMALL
 from .calls import call_seconds
 from .artifact import DynamicArtifact, DynamicBound
@@ -48,14 +48,19 @@ def rungs(fam: Family, machine, fn: Callable | None = None) -> tuple[Dims, list[
 def kernels_for(fam: Family, machine, fn: Callable | None, values: list[int],
                 knobs: dict | None = None) -> list[plan.Kernel]:
     """One recorded schedule per value, `knobs` given per value ({value: knobs}) or one dict
-    for all; knobs not given are the cost model's choice."""
+    for all; knobs not given are the cost model's choice (the values' searches in
+    parallel, `jobs`: a worker sends back the knobs it chose, recorded again here)."""
     from ..record import record
 
+    per_value = knobs and all(isinstance(k, int) for k in knobs)
+    given = [knobs.get(v) if per_value else knobs for v in values]
+    ops = [fam.at(**{fam_symbol(fam): v}) for v in values]
+    chosen = jobs.mapped(lambda n: dict(record(ops[n], machine, fn, given[n]).knob_values),
+                         range(len(values)))
     out = []
-    for v in values:
-        given = knobs.get(v) if knobs and all(isinstance(k, int) for k in knobs) else knobs
-        s = record(fam.at(**{fam_symbol(fam): v}), machine, fn, given)
-        s.as_written = fn is not None or bool(given)
+    for n, v in enumerate(values):
+        s = record(ops[n], machine, fn, chosen[n] if chosen else given[n])
+        s.as_written = fn is not None or bool(given[n])
         out.append(plan.Kernel(v, s, evaluate(s).seconds))
     return out
 
@@ -68,9 +73,10 @@ def build_family(fam: Family, backend, machine, fn: Callable | None = None, knob
                  values: list[int] | None = None, **options) -> DynamicArtifact:
     """Compile `fam` once for the whole range of its symbol (see the module's text)."""
     fn = fn or default_schedule(fam.name)
-    dims, ladder = rungs(fam, machine, fn)
-    if runtime_rows(fam, backend, dims, options):
+    dims = dims_of(fam)
+    if runtime_rows(fam, backend, dims, options):  # its own ladder: no granule to search
         return _build_symbolic(fam, backend, machine, fn, knobs, dims, values)
+    _, ladder = rungs(fam, machine, fn)
     values = sorted(values or ladder)
     if values[-1] < dims.symbol.upper and dims.chunk_axis is None:
         raise ScheduleError(f"{fam}: the kernels cover {dims.symbol.name} up to {values[-1]}, "

@@ -25,7 +25,7 @@ import math
 from ..errors import ScheduleError
 from ..model import evaluate, search
 from ..model.search import record_fixed
-from . import plan
+from . import jobs, plan
 from .symbolic import blocks_of, padded, padded_op
 
 TOP = 12  # the model's best candidates at a range's top that the family tuner measures
@@ -159,15 +159,35 @@ def ranges(rungs: list[int], upper: int) -> list[tuple[int, int]]:
 def kernels(fam, machine, fn, axes, rungs: list[int], upper: int, fixed,
             check, tuned: dict | None = None) -> list[list[plan.Kernel]]:
     """Per range between rungs (the top one's reaching `upper`) its kernels: the top's, and
-    a second for the values it pads (`choose`). `tuned`: {range top: knobs} measured by
-    `tsl.tune` (those ranges skip the model's search and get one kernel)."""
-    out = []
-    for lo, hi in ranges(rungs, upper):
-        if tuned and hi in tuned:
-            out.append([with_knobs(fam, machine, fn, axes, hi, tuned[hi])])
-        else:
-            out.append(choose(fam, machine, fn, axes, lo, hi, fixed, check))
-    return out
+    a second for the values it pads (`choose`; the ranges' searches in parallel, `jobs`).
+    `tuned`: {range top: knobs} measured by `tsl.tune` (those ranges skip the model's
+    search and get one kernel)."""
+    spans = ranges(rungs, upper)
+    todo = [(lo, hi) for lo, hi in spans if not (tuned and hi in tuned)]
+    chosen = dict(zip(todo, _chosen(fam, machine, fn, axes, todo, fixed, check)))
+    return [[with_knobs(fam, machine, fn, axes, hi, tuned[hi])] if (lo, hi) not in chosen
+            else chosen[lo, hi] for lo, hi in spans]
+
+
+def _chosen(fam, machine, fn, axes, todo: list, fixed, check) -> list[list[plan.Kernel]]:
+    """`choose` of each range of `todo`: in forked workers, which send back each kernel's
+    knobs and margin, recorded again here (the same schedules and model times); or here."""
+    def task(span):
+        return [(k.knobs, k.margin) for k in choose(fam, machine, fn, axes, *span, fixed,
+                                                     check)]
+    got = jobs.mapped(task, todo)
+    if got is None:
+        return [choose(fam, machine, fn, axes, lo, hi, fixed, check) for lo, hi in todo]
+    return [[_recorded(fam, machine, fn, axes, hi, knobs, margin) for knobs, margin in ks]
+            for (_, hi), ks in zip(todo, got)]
+
+
+def _recorded(fam, machine, fn, axes, hi: int, knobs: dict, margin: float) -> plan.Kernel:
+    """The kernel `choose` made for the range of top `hi` with `knobs` (the schedule's
+    own: every knob it asked for), recorded again."""
+    s = record_fixed(fam.at(**{next(iter(fam.syms)): hi}), machine, fn, knobs)
+    return plan.Kernel(hi, s, evaluate(s).seconds, blocks=blocks_of(s, axes), fn=fn,
+                       margin=margin)
 
 
 def with_knobs(fam, machine, fn, axes, hi: int, knobs: dict) -> plan.Kernel:

@@ -25,7 +25,7 @@ import numpy as np
 from ..artifact import call_times
 from ..errors import BackendUnavailable, InputError, ScheduleError, TSLError
 from ..model import evaluate
-from ..timing import exclusive
+from ..timing import exclusive, realtime
 from . import search
 from .database import Database, as_database, knobs_key, make_record
 from .family import Measured, family_key, measured, ranges
@@ -270,7 +270,11 @@ class _Search:
         frees = {v: [x for t, x in zip(at.inputs, at.random_inputs(self.seed))
                      if t.name not in names]
                  for v, at in ((v, self.fam.at(**{self.name: v})) for v in pts)}
-        with exclusive():  # the timing lock, when one is set (`tsl.timing`); not the compile
+        # The timing lock, when one is set, and real-time priority, when asked for
+        # (`tsl.timing`), as the static tuner's runner times: at ordinary priority on a
+        # shared host the same kernel read 3-10x apart between candidates (benchmarks/README.md,
+        # dyn40), and a range kept whichever the others' builds preempted least.
+        with exclusive(), realtime():
             return {v: min(call_times(lambda: f(*xs), REPEAT, WARMUP))
                     for v, xs in frees.items()}, None
 
