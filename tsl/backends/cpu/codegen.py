@@ -170,8 +170,9 @@ def _vector_loads(body: list) -> list:
 def _row_lines(body: list, line: int) -> list:
     """(buffer, outer indices, index) of the first element of each run of elements that the
     scalar loads in `body` read, and every `line` elements along it to its last: the cache
-    lines of a conv window's rows. Loads whose indices do not differ by a constant from the
-    run's first are runs of their own."""
+    lines of a conv window's rows. A load whose outer indices differ from a group's first, or
+    whose last index differs by more than a constant, starts a group of its own."""
+    import tvm_ffi
     from tvm import tirx
     from tvm.sym.analyzer import Analyzer
 
@@ -181,7 +182,8 @@ def _row_lines(body: list, line: int) -> list:
     for ld, last in loads:
         for g in groups:
             d = simplify(last - g[1])
-            if g[0].source.same_as(ld.source) and isinstance(d, tirx.IntImm):
+            if g[0].source.same_as(ld.source) and isinstance(d, tirx.IntImm) and \
+                    tvm_ffi.structural_equal(list(g[0].indices[:-1]), list(ld.indices[:-1])):
                 g[2].append(int(d))
                 break
         else:
