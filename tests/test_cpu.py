@@ -212,9 +212,9 @@ def test_gemm_weights_prefetched_as_the_file_says(tmp_path, ahead):
 def test_conv_input_rows_prefetched_as_the_file_says(tmp_path, ahead):
     """`params.prefetch_channels` > 0: a stride-1 NCHW conv whose channel plane (39 x 31 padded
     floats, 4.8 KB) is longer than `prefetch_stride_bytes` prefetches its window's input rows
-    that many channels ahead: two lines of each of the 3 rows (a 14-pixel tile's 16 columns),
-    exact at channels, columns and output channels the tiles do not divide; a plane of 1.2 KB,
-    stride 2 or a 1x1 window: none."""
+    that many channels ahead: the first and last element of each of the 3 rows (a 7-pixel
+    tile's 9 columns, within two lines), exact at channels, columns and output channels the
+    tiles do not divide; a plane of 1.2 KB, stride 2 or a 1x1 window: none."""
     def edit(s):
         s = re.sub(r"^prefetch_(channels|stride_bytes) = \d+\n", "", s, flags=re.M)
         return s.replace("[params]\n", f"[params]\nprefetch_channels = {ahead}\n"
@@ -222,7 +222,7 @@ def test_conv_input_rows_prefetched_as_the_file_says(tmp_path, ahead):
 
     m = variant(tmp_path, "rows", edit)
     hint = "prefetcht0" if m.params.arch == "x86_64" else "prfm"
-    knobs = dict(ci_inner=1, w_inner=14, h_inner=1, co_inner=1, reduce_rows=False)
+    knobs = dict(ci_inner=1, w_inner=7, h_inner=1, co_inner=1, reduce_rows=False)
     big = check(ops.conv2d(1, 5, 37, 29, 20, 3, 3, padding=1), m, **knobs).source("asm")
     assert big.count(hint) == (6 if ahead else 0)
     for op in (ops.conv2d(1, 5, 15, 17, 20, 3, 3, padding=1),
