@@ -192,7 +192,7 @@ def test_missing_cpu_feature_is_backend_unavailable(tmp_path):
 def test_gemm_weights_prefetched_as_the_file_says(tmp_path, ahead):
     """`params.prefetch_bytes` > 0: a GEMM whose tile's weight panel outgrows the L1
     prefetches it that far ahead, exact at rows, columns and steps the tile does not divide;
-    0, a panel that fits the L1, and any conv: no software prefetch (the hardware's alone)."""
+    0, a panel that fits the L1, and a conv: no prefetch of weights (the hardware's alone)."""
     m = variant(tmp_path, "prefetching", lambda s: re.sub(
         r"\nprefetch_bytes = \d+\n", "\n", s).replace(
         "[params]\n", f"[params]\nprefetch_bytes = {ahead}\n", 1))
@@ -206,6 +206,29 @@ def test_gemm_weights_prefetched_as_the_file_says(tmp_path, ahead):
     assert (hint in asm[long_k]) == (ahead > 0)
     assert hint not in asm[96]
     assert hint not in conv.source("asm")
+
+
+@pytest.mark.parametrize("ahead", [0, 2])
+def test_conv_input_rows_prefetched_as_the_file_says(tmp_path, ahead):
+    """`params.prefetch_channels` > 0: a stride-1 NCHW conv whose channel plane (39 x 31 padded
+    floats, 4.8 KB) is longer than `prefetch_stride_bytes` prefetches its window's input rows
+    that many channels ahead: the first and last element of each of the 3 rows (a 7-pixel
+    tile's 9 columns, within two lines), exact at channels, columns and output channels the
+    tiles do not divide; a plane of 1.2 KB, stride 2 or a 1x1 window: none."""
+    def edit(s):
+        s = re.sub(r"^prefetch_(channels|stride_bytes) = \d+\n", "", s, flags=re.M)
+        return s.replace("[params]\n", f"[params]\nprefetch_channels = {ahead}\n"
+                         "prefetch_stride_bytes = 2048\n", 1)
+
+    m = variant(tmp_path, "rows", edit)
+    hint = "prefetcht0" if m.params.arch == "x86_64" else "prfm"
+    knobs = dict(ci_inner=1, w_inner=7, h_inner=1, co_inner=1, reduce_rows=False)
+    big = check(ops.conv2d(1, 5, 37, 29, 20, 3, 3, padding=1), m, **knobs).source("asm")
+    assert big.count(hint) == (6 if ahead else 0)
+    for op in (ops.conv2d(1, 5, 15, 17, 20, 3, 3, padding=1),
+               ops.conv2d(1, 5, 37, 29, 20, 3, 3, stride=2, padding=1),
+               ops.conv2d(1, 5, 37, 29, 20, 1, 1)):
+        assert hint not in check(op, m, **knobs).source("asm")
 
 
 def test_a_new_cpu_variant_is_one_toml_file(tmp_path):

@@ -93,25 +93,30 @@ def register_pipeline() -> None:
 
 
 def _prefetched(loop):
-    """A loop the lowering marked (`lowering.PREFETCH_STEPS`) with, at the end of its body,
-    a prefetch into the L1 of each vector its body loads (the register tile's rows of B; A's
-    elements are broadcast from scalar loads), that many iterations ahead. Past the panel's
-    last step the addresses run off its end: a prefetch is a hint that never faults."""
+    """A loop the lowering marked with, at the end of its body, a prefetch into the L1 of
+    what its body loads that many iterations ahead: each vector (`lowering.PREFETCH_STEPS`:
+    the register tile's rows of B; A's elements are broadcast from scalar loads), or each
+    cache line of the rows its scalar loads read (`lowering.PREFETCH_ROWS`: a conv's input
+    window). Past the last step the addresses run off the buffer's end: a prefetch is a hint
+    that never faults."""
     from tvm import tirx
 
-    from .lowering import PREFETCH_STEPS
+    from .lowering import PREFETCH_LINE, PREFETCH_ROWS, PREFETCH_STEPS
 
-    ahead = loop.annotations.get(PREFETCH_STEPS)
+    marks = (PREFETCH_STEPS, PREFETCH_ROWS, PREFETCH_LINE)
+    ahead = loop.annotations.get(PREFETCH_STEPS) or loop.annotations.get(PREFETCH_ROWS)
     if ahead is None:
         return loop
     body = list(loop.body.seq) if isinstance(loop.body, tirx.SeqStmt) else [loop.body]
+    loads = (_vector_loads(body) if PREFETCH_STEPS in loop.annotations else
+             _row_lines(body, int(loop.annotations[PREFETCH_LINE])))
     hints = [tirx.Evaluate(tirx.call_llvm_intrin(
         "void", "llvm.prefetch", tirx.address_of(tirx.BufferLoad(
             buf, [*outer, _replaced(base, loop.loop_var, lambda x: x + int(ahead))])),
-        0, 3, 1)) for buf, outer, base in _vector_loads(body)]
+        0, 3, 1)) for buf, outer, base in loads]
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
                     tirx.SeqStmt(body + hints) if hints else loop.body, loop.thread_binding,
-                    {k: x for k, x in loop.annotations.items() if k != PREFETCH_STEPS},
+                    {k: x for k, x in loop.annotations.items() if k not in marks},
                     loop.step)
 
 
@@ -122,19 +127,18 @@ def _replaced(expr, var, to):
     return tvm_ffi.structural_map(expr, [(type(var), lambda x: to(x) if x.same_as(var) else x)])
 
 
-def _vector_loads(body: list) -> list:
-    """(buffer, outer indices, first element's index) of each distinct vector load in the
-    statements `body`, the index expanded through the lets bound among them (TVM's CSE binds
-    every tile's index to a variable of the loop's body, which the prefetch cannot move)."""
+def _expanded_loads(body: list, keep) -> list:
+    """(load, its last index expanded through the lets bound among the statements `body`) of
+    each distinct load that `keep` accepts (TVM's CSE binds every tile's index to a variable
+    of the loop's body, which a prefetch cannot move)."""
     import tvm
     import tvm_ffi
     from tvm import tirx
 
-    bound, loads = [], []  # (let variable, its value expanded); the vector loads
+    bound, loads = [], []  # (let variable, its value expanded); the loads kept
 
     def on_load(ld):
-        if isinstance(ld.indices[-1], tirx.Ramp) and not any(
-                tvm_ffi.structural_equal(ld, x) for x in loads):
+        if keep(ld) and not any(tvm_ffi.structural_equal(ld, x) for x in loads):
             loads.append(ld)
 
     for st in body:
@@ -147,10 +151,53 @@ def _vector_loads(body: list) -> list:
             tvm_ffi.structural_walk(st, [(tvm.ir.TensorLoad, on_load)], order="pre")
     out = []
     for ld in loads:
-        base = ld.indices[-1].base
+        last = ld.indices[-1]
         for var, val in reversed(bound):
-            base = _replaced(base, var, lambda _, v=val: v)
-        out.append((ld.source, list(ld.indices[:-1]), base))
+            last = _replaced(last, var, lambda _, v=val: v)
+        out.append((ld, last))
+    return out
+
+
+def _vector_loads(body: list) -> list:
+    """(buffer, outer indices, first element's index) of each distinct vector load in the
+    statements `body`."""
+    from tvm import tirx
+
+    return [(ld.source, list(ld.indices[:-1]), last.base) for ld, last in
+            _expanded_loads(body, lambda ld: isinstance(ld.indices[-1], tirx.Ramp))]
+
+
+def _row_lines(body: list, line: int) -> list:
+    """(buffer, outer indices, index) of the first element of each run of elements that the
+    scalar loads in `body` read, and every `line` elements along it to its last: the cache
+    lines of a conv window's rows. A load whose outer indices differ from a group's first, or
+    whose last index differs by more than a constant, starts a group of its own."""
+    import tvm_ffi
+    from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
+
+    simplify = Analyzer().simplify
+    loads = _expanded_loads(body, lambda ld: not isinstance(ld.indices[-1], tirx.Ramp))
+    groups = []  # (load, index, sorted constant offsets of the loads from it)
+    for ld, last in loads:
+        for g in groups:
+            d = simplify(last - g[1])
+            if g[0].source.same_as(ld.source) and isinstance(d, tirx.IntImm) and \
+                    tvm_ffi.structural_equal(list(g[0].indices[:-1]), list(ld.indices[:-1])):
+                g[2].append(int(d))
+                break
+        else:
+            groups.append((ld, last, [0]))
+    out = []
+    for ld, last, offsets in groups:
+        offsets.sort()
+        start = prev = offsets[0]
+        for o in offsets[1:] + [None]:
+            if o is None or o - prev >= line:
+                out += [(ld.source, list(ld.indices[:-1]), last + x)
+                        for x in [*range(start, prev, line), prev]]
+                start = o
+            prev = o
     return out
 
 
