@@ -220,9 +220,15 @@ def _near_ties_first(cands: list) -> list:
     slower with 4x3, all priced within 0.35% of each other and ordered by the search's
     sample (a bias in the epilogue or not changed which came first); gemm39's C copy ranked
     the 24-accumulator tiles by the same bytes (8x3, 12x2 ahead of 6x4, then 4x6)."""
-    best = cands[0].estimate.seconds
-    tied = [c for c in cands if c.estimate.seconds <= best * (1 + TIE)]
-    first = min(tied, key=lambda c: operand_bytes_per_mac(c.schedule))  # the first of equals
+    best = cands[0]
+    tied = [c for c in cands if c.estimate.seconds <= best.estimate.seconds * (1 + TIE)]
+
+    def moved(c) -> int:  # knobs changed from the best's
+        return sum(c.knobs.get(k) != best.knobs.get(k) for k in {*c.knobs, *best.knobs})
+
+    # Only the register tile is what the bytes decide: of the settings with the fewest, the
+    # one keeping most of the best's other knobs (its parallel axes, block order).
+    first = min(tied, key=lambda c: (round(operand_bytes_per_mac(c.schedule), 9), moved(c)))
     return [first] + [c for c in cands if c is not first]
 
 
