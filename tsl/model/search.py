@@ -221,7 +221,7 @@ def _near_ties_first(cands: list) -> list:
     slower with 4x3, all priced within 0.35% of each other and ordered by the search's
     sample (a bias in the epilogue or not changed which came first); ResNet-18's 28x28 3x3
     convs ran 7-27% faster with the 8-row tiles the rule picks. gemm39's C copy ranked the
-    24-accumulator tiles by the same bytes (8x3, 12x2 ahead of 6x4, then 4x6)."""
+    24-accumulator tiles by the same bytes (12x2, 8x3 ahead of 6x4, then 4x6)."""
     best = cands[0]
     tied = [c for c in cands if c.estimate.seconds <= best.estimate.seconds * (1 + TIE)]
 
