@@ -14,6 +14,7 @@ from tsl.backend import resolve_target
 from tsl.backends.vta import backend as vta
 from tsl.bench import model_check
 from tsl.model import Estimate
+from tsl.model.search import TIE
 
 EP = tsl.ops.requantize(shift=8, bias=True, clip=(0, 127))
 VTA = tsl.load_machine("vta-1x16x16")
@@ -279,3 +280,25 @@ def test_parallel_launches_are_priced_so_the_stem_conv_starts_its_cores_once():
     assert _launches(nested) == 112
     extra = model.evaluate(nested).seconds - model.evaluate(chosen).seconds
     assert extra >= 0.5 * 111 * m.compute_level("core").launch_cycles / m.clock_hz
+
+
+def test_near_ties_go_to_the_tile_reading_the_fewest_operand_bytes():
+    """The encoder's out-projection (128 x 768 -> 768) with and without a bias: every register
+    tile of 8 or more accumulators is priced within 0.5% (compute bound); the search used to
+    return whichever its sample met first (4x3 blocks without the bias, 8x2 with it, both
+    measured slower than 8x3). Now both take the tile that reads the fewest operand bytes per
+    MAC among the near ties, and no setting priced further from the best is picked."""
+    m = tsl.load_machine("x86-avx512")
+    tiles = set()
+    for ep in (None, tsl.ops.bias()):
+        s = tsl.schedule(tsl.ops.matmul(128, 768, 768, epilogue=ep), m)
+        cands = s.choice.candidates
+        best = min(c.estimate.seconds for c in cands)
+        assert model.evaluate(s).seconds <= best * (1 + TIE)
+        near = [c.schedule for c in cands if c.estimate.seconds <= best * (1 + TIE)]
+        assert model.cost.operand_bytes_per_mac(s) == min(map(model.cost.operand_bytes_per_mac,
+                                                                near))
+        tiles.add((s.knob_values["m_inner"], s.knob_values["n_inner"]))
+    assert tiles == {(8, 3)}
+    s43 = tsl.schedule(tsl.ops.matmul(128, 768, 768), m, knobs=dict(m_inner=4, n_inner=3))
+    assert model.cost.operand_bytes_per_mac(s43) == pytest.approx((4 * 4 + 3 * 64) / (12 * 16))

@@ -190,6 +190,30 @@ def test_cpu_tir_pipeline_keeps_the_weight_prefetch():
     assert bench._rel_err(outs[0], (x.astype("float64") @ w.T + b).astype("float32")) < 1e-5
 
 
+class BiasAndNoBias(nn.Module):
+    """The encoder's out-projection as the two frontends import it: torch.export keeps its
+    all-zero bias, ONNX's exporter drops it (benchmarks/README.md, enc40)."""
+
+    def __init__(self):
+        self.with_bias = nn.Linear(768, 768)
+        self.without = nn.Linear(768, 768, bias=False)
+
+    def forward(self, x):
+        return self.without(self.with_bias(x))
+
+
+def test_a_linear_with_or_without_bias_gets_the_same_register_tile():
+    """Both GEMMs are swapped, with the same register tile (the one reading the fewest operand
+    bytes per MAC among the settings the model prices alike): the ONNX build's bias-less
+    out-projection had 4x3 blocks where torch's had 8x2."""
+    mod, _ = BiasAndNoBias().export_tvm({"forward": {"x": nn.spec.Tensor((128, 768), "float32")}})
+    rep = tsl.relax.report(mod, "x86-avx512")
+    taken = sorted(rep.taken, key=lambda d: d.pattern)
+    assert [d.pattern for d in taken] == ["matmul", "matmul+bias"]
+    tiles = {(d.knobs["m_inner"], d.knobs["n_inner"]) for d in taken}
+    assert tiles == {(8, 3)}
+
+
 def test_tiny_encoder_equals_tvm_and_torch():
     model, shape = models.bert_layer(small=True)
     mod, weights, x = models.export(model, shape)

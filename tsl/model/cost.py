@@ -433,6 +433,21 @@ def step_blocks(s: Schedule, acc: Stage) -> tuple[float, float]:
     return rows, cols
 
 
+def operand_bytes_per_mac(s: Schedule) -> float:
+    """Bytes of A and B one reduction step of the accumulator tile reads per MAC it issues (0
+    where nothing is tensorized): a block row of A and a block column of B per step, each
+    shared by the tile's blocks along the other axis; the larger and squarer the tile, the
+    fewer. With fp32 1x16 FMAs: 8x3 blocks 0.58, 8x2 0.63, 4x6 1.04, 4x3 1.08."""
+    p = s.primitive
+    acc = next((st for st in s.stages if st.operand == "C"), None)
+    if p is None or acc is None:
+        return 0.0
+    rows, cols = step_blocks(s, acc)
+    a = rows * p.m * p.k * dtype_bytes(p.a_dtype)
+    b = cols * p.n * p.k * dtype_bytes(p.b_dtype)
+    return (a + b) / (rows * cols * p.m * p.n * p.k)
+
+
 def issue_efficiency(s: Schedule) -> float:
     """Fraction of the primitive's rate the accumulator tile sustains: a primitive of latency L
     issued r times per cycle needs L * r independent accumulator blocks in flight."""
