@@ -89,6 +89,19 @@ def _activation_b(s: Schedule, p, i, j) -> bool:
     return True
 
 
+def _in_place_outer(M, N) -> tuple:
+    """The in-place GEMM's parallel block loop (its `outer`) splits the larger operand over
+    the cores: split by rows (`m`), every core reads all of B (the activation, which the
+    previous kernel has just written, half of it on the other core), split by columns (`n`)
+    all of A (the weights). MobileNetV2's projections (24-32 output channels from 96-192 x
+    784-3136) ran 1.8-2.4x slower in the model split by rows, as the model had priced them
+    level with columns (benchmarks/README.md, mnv40); the expansions (384-576 rows of 196
+    columns) 1.1-1.15x slower split by columns. Both when a dimension is symbolic."""
+    if not (isinstance(M, int) and isinstance(N, int)):
+        return ("n", "m")
+    return ("n",) if N > M else ("m",)
+
+
 def schedule_gemm(s: Schedule) -> None:
     """matmul, batch_matmul and dense: a multi-level tiled GEMM feeding the tensor primitive."""
     p = _primitive(s)
@@ -134,7 +147,8 @@ def schedule_gemm(s: Schedule) -> None:
         k0, k1, k2 = s.tile(k, kt, p.k)
         splits = []
     # Which operand's panel stays resident across the inner block loop: its loop goes outer.
-    blocks = [j0, i0] if s.knob("outer", ("n", "m")) == "n" else [i0, j0]
+    outer = s.knob("outer", _in_place_outer(M, N) if in_place else ("n", "m"))
+    blocks = [j0, i0] if outer == "n" else [i0, j0]
     s.reorder(*b, *splits, *blocks, i1, j1, k0, k1, i2, j2, i3, j3, k2)
     # B in place: only the outer block loop is parallel, so that the loops over its columns
     # stay loops of their own, which the back end can split at the predicated edge.
