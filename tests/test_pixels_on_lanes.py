@@ -105,21 +105,23 @@ def test_model_ranks_the_in_place_tiles_as_measured(hw, ci, co, tiles):
     assert tsl.model.evaluate(slow).seconds > 1.2 * tsl.model.evaluate(s).seconds
 
 
-@pytest.mark.parametrize("co,pixels,ci,outer", [(24, 56 * 56, 96, "n"), (32, 28 * 28, 192, "n"),
-                                                (24, 7 * 9, 40, "n"), (384, 14 * 14, 64, "m"),
-                                                (100, 7 * 7, 24, "m")])
+@pytest.mark.parametrize("co,pixels,ci,outer", [(24, 56 * 56, 96, ("n",)),
+                                                (32, 28 * 28, 192, ("n",)),
+                                                (12, 7 * 9, 40, ("n",)), (300, 7 * 7, 24, ("m",)),
+                                                (96, 14 * 14, 384, ("n", "m"))])
 def test_in_place_gemm_splits_its_larger_operand_over_the_cores(machine, co, pixels, ci, outer):
     """The in-place GEMM's parallel block loop cuts the larger operand: by columns ("n") where
-    the activation B (ci x pixels) outgrows the weights A (co x ci), so no core reads all of
-    what the previous kernel has just written on the other core. The model priced both splits
-    level and took rows for MobileNetV2's projections (96x56x56->24: 0.27 ms in the model
-    against 0.11 split by columns; benchmarks/README.md, mnv40); now only the larger operand's
-    split is offered, whatever order the search meets the settings in. Checked against NumPy
-    with a residual, channels and pixels no multiple of the tile."""
+    the activation B (ci x pixels) is several times the weights A (co x ci), so no core reads
+    all of what the previous kernel has just written on the other core; by rows where A is.
+    The model priced both splits level and took rows for MobileNetV2's projections
+    (96x56x56->24: 0.27 ms in the model against 0.11 split by columns; benchmarks/README.md,
+    mnv40); now only the larger operand's split is offered there, whatever order the search
+    meets the settings in; near a tie (B twice A) both. Checked against NumPy with a
+    residual, channels and pixels no multiple of the tile."""
     op = ops.matmul(co, pixels, ci, epilogue=ops.bias() + ops.residual(), activation_b=True)
     art = tsl.build(op, machine)
-    assert art.schedule.space["outer"] == (outer,)
-    assert art.schedule.knob_values["outer"] == outer
+    assert art.schedule.space["outer"] == outer
+    assert art.schedule.knob_values["outer"] in outer
     xs = op.random_inputs(3)
     ok, err = op.check(art.run(*xs), op.reference(*xs))
     assert ok, f"{op} on {machine.name}: error {err}"

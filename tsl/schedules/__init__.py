@@ -23,6 +23,11 @@ from ..errors import ScheduleError
 from ..primitives.schedule import Schedule
 
 
+IN_PLACE_SPLIT_RATIO = 4
+"""An in-place GEMM operand this many times the other's size is the one split over the cores
+(`_in_place_outer`)."""
+
+
 def _primitive(s: Schedule):
     p = s.primitive
     if p is None:
@@ -90,16 +95,22 @@ def _activation_b(s: Schedule, p, i, j) -> bool:
 
 
 def _in_place_outer(M, N) -> tuple:
-    """The in-place GEMM's parallel block loop (its `outer`) splits the larger operand over
-    the cores: split by rows (`m`), every core reads all of B (the activation, which the
-    previous kernel has just written, half of it on the other core), split by columns (`n`)
-    all of A (the weights). MobileNetV2's projections (24-32 output channels from 96-192 x
-    784-3136) ran 1.8-2.4x slower in the model split by rows, as the model had priced them
-    level with columns (benchmarks/README.md, mnv40); the expansions (384-576 rows of 196
-    columns) 1.1-1.15x slower split by columns. Both when a dimension is symbolic."""
+    """The in-place GEMM's parallel block loop (its `outer`) where one operand is several
+    times the other: the split of the larger one. Split by rows (`m`), every core reads all
+    of B (the activation, which the previous kernel has just written, half of it on the other
+    core), split by columns (`n`) all of A (the weights). MobileNetV2's projections (24-32
+    output channels from 96-192 x 784-3136, B 24-130 times A) ran 1.8-2.4x slower in the
+    model split by rows, which the model had priced level with columns (benchmarks/README.md,
+    mnv40). Nearer (384x14x14->96: B twice A) both are offered: there the columns make 4-5
+    blocks for the cores, and the model's pick among their tiles measured 9% slower than its
+    pick split by rows. Both when a dimension is symbolic."""
     if not (isinstance(M, int) and isinstance(N, int)):
         return ("n", "m")
-    return ("n",) if N > M else ("m",)
+    if N >= IN_PLACE_SPLIT_RATIO * M:
+        return ("n",)
+    if M >= IN_PLACE_SPLIT_RATIO * N:
+        return ("m",)
+    return ("n", "m")
 
 
 def schedule_gemm(s: Schedule) -> None:
