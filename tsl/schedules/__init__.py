@@ -23,6 +23,11 @@ from ..errors import ScheduleError
 from ..primitives.schedule import Schedule
 
 
+SPLIT_RATIO = 3
+"""An operand this many times the other's size is the one split over the cores, where the
+split is a 1x1 conv's (`_in_place_outer`, `_pointwise_parallel`)."""
+
+
 def _primitive(s: Schedule):
     p = s.primitive
     if p is None:
@@ -89,6 +94,25 @@ def _activation_b(s: Schedule, p, i, j) -> bool:
     return True
 
 
+def _in_place_outer(M, N) -> tuple:
+    """The in-place GEMM's parallel block loop (its `outer`) where one operand is several
+    times the other: the split of the larger one. Split by rows (`m`), every core reads all
+    of B (the activation, which the previous kernel has just written, half of it on the other
+    core), split by columns (`n`) all of A (the weights). MobileNetV2's projections (24-32
+    output channels from 96-192 x 784-3136, B 24-130 times A) ran 1.8-2.4x slower in the
+    model split by rows, which the model had priced level with columns (benchmarks/README.md,
+    mnv40). Nearer (384x14x14->96: B twice A) both are offered: there the columns make 4-5
+    blocks for the cores, and the model's pick among their tiles measured 9% slower than its
+    pick split by rows. Both when a dimension is symbolic."""
+    if not (isinstance(M, int) and isinstance(N, int)):
+        return ("n", "m")
+    if N >= SPLIT_RATIO * M:
+        return ("n",)
+    if M >= SPLIT_RATIO * N:
+        return ("m",)
+    return ("n", "m")
+
+
 def schedule_gemm(s: Schedule) -> None:
     """matmul, batch_matmul and dense: a multi-level tiled GEMM feeding the tensor primitive."""
     p = _primitive(s)
@@ -134,7 +158,8 @@ def schedule_gemm(s: Schedule) -> None:
         k0, k1, k2 = s.tile(k, kt, p.k)
         splits = []
     # Which operand's panel stays resident across the inner block loop: its loop goes outer.
-    blocks = [j0, i0] if s.knob("outer", ("n", "m")) == "n" else [i0, j0]
+    outer = s.knob("outer", _in_place_outer(M, N) if in_place else ("n", "m"))
+    blocks = [j0, i0] if outer == "n" else [i0, j0]
     s.reorder(*b, *splits, *blocks, i1, j1, k0, k1, i2, j2, i3, j3, k2)
     # B in place: only the outer block loop is parallel, so that the loops over its columns
     # stay loops of their own, which the back end can split at the predicated edge.
@@ -184,9 +209,25 @@ def schedule_conv2d(s: Schedule) -> None:
     # parallel_axes: which output-block loops are spread over the "core" level: all of them
     # fused, or only the channel or only the row blocks (VTA's classic oc_nthread / h_nthread
     # virtual threads).
-    axes = s.knob("parallel_axes", ("n_oh_co", "co", "oh"))
+    axes = s.knob("parallel_axes", _pointwise_parallel(s.op))
     s.parallel({"n_oh_co": [n, *blocks], "co": [co0], "oh": [oh0]}[axes], "core")
     _stage_and_map(s, [ow0, co1], ci0, ci1, ow2, stages)
+
+
+def _pointwise_parallel(op) -> tuple:
+    """The conv's `parallel_axes`: only the row blocks ("oh") for a 1x1 stride-1 NCHW conv of
+    one image whose input is `SPLIT_RATIO` times its weights, so that each core reads its rows
+    of the input (which the previous kernel has just written across the cores) and not all of
+    it; as the in-place GEMM's split (`_in_place_outer`, the same convs' other form).
+    MobileNetV2's 384->64 @14 + residual: 0.415 -> 0.325 ms over its three calls in the model
+    (benchmarks/README.md, mnv40). A batch keeps every split (a GPU grid needs `n` in it), and
+    NHWC convs too (not measured)."""
+    n, c, h, w, k, r, s = op.params["shape"]
+    dims = (c, h, w, k)
+    if ((n, r, s, op.params["stride"], op.params.get("layout")) == (1, 1, 1, 1, "NCHW")
+            and all(isinstance(d, int) for d in dims) and h * w >= SPLIT_RATIO * k):
+        return ("oh",)
+    return ("n_oh_co", "co", "oh")
 
 
 DEFAULT = {"matmul": schedule_gemm, "batch_matmul": schedule_gemm, "dense": schedule_gemm,
