@@ -76,9 +76,9 @@ def test_gemm_rows_are_a_run_time_argument_padded_only_to_the_block():
 def test_each_range_runs_the_static_build_s_choice_at_its_top():
     # a range's kernel is what a static build of its top runs (the model's best there), and
     # values off their kernel's block (padded rows) still match NumPy
-    # 192 x 160: enough work per call that the pool's launch (x86-avx512's launch_cycles)
+    # 256 x 256: enough work per call that the pool's launch (x86-avx512's launch_cycles)
     # leaves padding the difference between kernels (at 96 x 80 no second kernel pays)
-    fam = tsl.ops.dense(sym("m", upper=40), 192, 160, epilogue=tsl.ops.bias())
+    fam = tsl.ops.dense(sym("m", upper=40), 256, 256, epilogue=tsl.ops.bias())
     art = tsl.build(fam, "cpu")
     assert [k.value for k in art.kernels][:6] == [1, 2, 3, 4, 5, 6]  # small values: their own
     tops = {k.value: k for k in reversed(art.kernels)}  # a range's first kernel: its top's
