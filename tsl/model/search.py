@@ -35,6 +35,11 @@ STARTS = 6  # descents started from the best of them
 WARM = 3  # best settings of one split's search that seed the next split's
 # Estimates within this fraction of the best are equal to the model (`_near_ties_first`).
 TIE = 0.005
+# ... and ordered by operand bytes only where the reduction is at least this long: the load
+# pressure the bytes stand for is the k loop's steady state; at K = 64 or 192 the tile with
+# the fewest bytes ran 1.2-1.6x slower than the model's first (fixed costs per tile), at
+# K >= 768 0.88-1.0 (2-core Emerald Rapids, benchmarks/README.md "lead40").
+LONG_K = 256
 
 
 def record_fixed(op, machine, fn: Callable, knobs: dict | None) -> Schedule:
@@ -214,7 +219,8 @@ def search(op, machine, fn: Callable, fixed: dict | None = None, seed: int = 0,
 
 def _near_ties_first(cands: list) -> list:
     """`cands` (best first) with the candidate whose register tile reads the fewest operand
-    bytes per MAC (`cost.operand_bytes_per_mac`) first among those within TIE of the best.
+    bytes per MAC (`cost.operand_bytes_per_mac`) first among those within TIE of the best,
+    where the reduction is LONG_K or longer.
     The model prices a tile's operand loads only where they outlast its primitive issues;
     below that they still cost: on an Emerald Rapids host (benchmarks/README.md, enc40) a
     128x768->3072 GEMM ran 7-8% faster with an 8x3 tile than with 8x2, 128x768->768 9-20%
@@ -223,6 +229,8 @@ def _near_ties_first(cands: list) -> list:
     convs ran 7-27% faster with the 8-row tiles the rule picks. gemm39's C copy ranked the
     24-accumulator tiles by the same bytes (12x2, 8x3 ahead of 6x4, then 4x6)."""
     best = cands[0]
+    if math.prod(a.extent for a in best.schedule.op.axes if a.role == "k") < LONG_K:
+        return cands
     tied = [c for c in cands if c.estimate.seconds <= best.estimate.seconds * (1 + TIE)]
 
     def moved(c) -> int:  # knobs changed from the best's
