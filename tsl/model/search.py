@@ -229,7 +229,7 @@ def _near_ties_first(cands: list) -> list:
     convs ran 7-27% faster with the 8-row tiles the rule picks. gemm39's C copy ranked the
     24-accumulator tiles by the same bytes (12x2, 8x3 ahead of 6x4, then 4x6)."""
     best = cands[0]
-    if math.prod(a.extent for a in best.schedule.op.axes if a.role == "k") < LONG_K:
+    if math.prod(a.extent for a in best.schedule.op.axes_of("k")) < LONG_K:
         return cands
     tied = [c for c in cands if c.estimate.seconds <= best.estimate.seconds * (1 + TIE)]
 

@@ -123,8 +123,8 @@ def _prefetch_rows(ctx: LowerContext, loops, line_bytes: int) -> None:
             or op.params["stride"] != 1:
         return
     _, _, h, w, _, rows, cols = op.params["shape"]
-    pad = op.params["padding"]
-    plane = (h + 2 * pad) * (w + 2 * pad) * dtype_bytes(op.input("A").dtype)
+    pad, elem = op.params["padding"], dtype_bytes(op.input("A").dtype)
+    plane = (h + 2 * pad) * (w + 2 * pad) * elem
     ks = [lp for lp in loops if s.role_of(lp.axes[0]) == "k"]
     if plane <= s.machine.params.prefetch_stride_bytes or rows * cols == 1 or not ks \
             or ks[0].axes != ("ci",) or ks[0].extent == 1 \
@@ -133,8 +133,7 @@ def _prefetch_rows(ctx: LowerContext, loops, line_bytes: int) -> None:
     for lp in ks[1:]:
         ctx.sch.unroll(ctx.rv(lp))
     ctx.sch.annotate(ctx.rv(ks[0]), PREFETCH_ROWS, ahead)
-    ctx.sch.annotate(ctx.rv(ks[0]), PREFETCH_LINE,
-                     line_bytes // dtype_bytes(op.input("A").dtype))
+    ctx.sch.annotate(ctx.rv(ks[0]), PREFETCH_LINE, line_bytes // elem)
 
 
 class CPULowering(Lowering):
