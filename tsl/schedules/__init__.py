@@ -201,7 +201,8 @@ def schedule_conv2d(s: Schedule) -> None:
     # outer: which block loop goes outermost -- row blocks ("oh": each row block passes over
     # every channel block's weights) or channel blocks ("co": a block's weights stay cached
     # while every row block uses them, for layers whose weights outgrow the caches).
-    blocks = [oh0, co0] if s.knob("outer", ("oh", "co")) == "oh" else [co0, oh0]
+    outer_choices, axes_choices = _pointwise_split(s.op)
+    blocks = [oh0, co0] if s.knob("outer", outer_choices) == "oh" else [co0, oh0]
     if s.knob("reduce_rows", (False, True)):
         s.reorder(n, *blocks, ow0, co1, ci0, r, w, ci1, oh1, ow1, co2, ow2, co3, ci2)
     else:
@@ -209,25 +210,34 @@ def schedule_conv2d(s: Schedule) -> None:
     # parallel_axes: which output-block loops are spread over the "core" level: all of them
     # fused, or only the channel or only the row blocks (VTA's classic oc_nthread / h_nthread
     # virtual threads).
-    axes = s.knob("parallel_axes", _pointwise_parallel(s.op))
+    axes = s.knob("parallel_axes", axes_choices)
     s.parallel({"n_oh_co": [n, *blocks], "co": [co0], "oh": [oh0]}[axes], "core")
     _stage_and_map(s, [ow0, co1], ci0, ci1, ow2, stages)
 
 
-def _pointwise_parallel(op) -> tuple:
-    """The conv's `parallel_axes`: only the row blocks ("oh") for a 1x1 stride-1 NCHW conv of
-    one image whose input is `SPLIT_RATIO` times its weights, so that each core reads its rows
-    of the input (which the previous kernel has just written across the cores) and not all of
-    it; as the in-place GEMM's split (`_in_place_outer`, the same convs' other form).
-    MobileNetV2's 384->64 @14 + residual: 0.415 -> 0.325 ms over its three calls in the model
-    (benchmarks/README.md, mnv40). A batch keeps every split (a GPU grid needs `n` in it), and
-    NHWC convs too (not measured)."""
+def _pointwise_split(op) -> tuple:
+    """The conv's (`outer`, `parallel_axes`) choices: for a 1x1 stride-1 NCHW conv of one image
+    where one operand is `SPLIT_RATIO` times the other, only the splits over the cores that
+    cut the larger one, as the in-place GEMM's (`_in_place_outer`, the same convs' other form).
+    Input larger: only the row blocks ("oh"), so that each core reads its rows of the input
+    (which the previous kernel has just written across the cores) and not all of it
+    (MobileNetV2's 384->64 @14 + residual: 0.415 -> 0.325 ms over its three calls in the
+    model; benchmarks/README.md, mnv40). Weights larger: the channel blocks outermost and
+    split (alone or fused with the rows after them), so that each core streams half the
+    weights, not all of them (320->1280 @7 + clip, weights 26 times the input: the model had
+    picked the row blocks outermost, fused, so both cores read all 1.6 MB; mnv41). A batch
+    keeps every split (a GPU grid needs `n` in it), and NHWC convs too (not measured)."""
+    every = (("oh", "co"), ("n_oh_co", "co", "oh"))
     n, c, h, w, k, r, s = op.params["shape"]
     dims = (c, h, w, k)
-    if ((n, r, s, op.params["stride"], op.params.get("layout")) == (1, 1, 1, 1, "NCHW")
-            and all(isinstance(d, int) for d in dims) and h * w >= SPLIT_RATIO * k):
-        return ("oh",)
-    return ("n_oh_co", "co", "oh")
+    if ((n, r, s, op.params["stride"], op.params.get("layout")) != (1, 1, 1, 1, "NCHW")
+            or not all(isinstance(d, int) for d in dims)):
+        return every
+    if h * w >= SPLIT_RATIO * k:
+        return every[0], ("oh",)
+    if k >= SPLIT_RATIO * h * w:
+        return ("co",), ("n_oh_co", "co")
+    return every
 
 
 DEFAULT = {"matmul": schedule_gemm, "batch_matmul": schedule_gemm, "dense": schedule_gemm,
