@@ -25,7 +25,7 @@ from ..primitives.schedule import Schedule
 
 SPLIT_RATIO = 3
 """An operand this many times the other's size is the one split over the cores, where the
-split is a 1x1 conv's (`_in_place_outer`, `_pointwise_parallel`)."""
+split is a 1x1 conv's (`_in_place_outer`, `_pointwise_split`)."""
 
 
 def _primitive(s: Schedule):
