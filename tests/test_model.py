@@ -93,7 +93,7 @@ def test_a_write_back_across_the_output_layout_stores_each_run(layout):
     m = tsl.load_machine("x86-avx2")
     op = tsl.ops.conv2d(1, 64, 32, 32, 64, 1, 1, stride=2, layout=layout)
     base = {"h_inner": 1, "co_outer": 1, "ci_inner": 4, "reduce_rows": True,
-            "parallel_axes": "co", "stages": 1}
+            "parallel_axes": "oh", "stages": 1}
     parts = {}
     for w, co in ((2, 4), (4, 2)):
         s = tsl.schedule(op, m, knobs={**base, "w_inner": w, "co_inner": co})

@@ -127,17 +127,22 @@ def test_in_place_gemm_splits_its_larger_operand_over_the_cores(machine, co, pix
     assert ok, f"{op} on {machine.name}: error {err}"
 
 
-@pytest.mark.parametrize("c,hw,k,r,axes", [(384, 14, 64, 1, ("oh",)), (40, 9, 24, 1, ("oh",)),
-                                            (384, 14, 96, 1, ("n_oh_co", "co", "oh")),
-                                            (24, 9, 16, 3, ("n_oh_co", "co", "oh"))])
+@pytest.mark.parametrize("c,hw,k,r,stride,axes", [(384, 14, 64, 1, 1, ("oh",)),
+                                                   (40, 9, 24, 1, 1, ("oh",)),
+                                                   (384, 14, 96, 1, 1, ("n_oh_co", "co", "oh")),
+                                                   (24, 9, 16, 3, 1, ("n_oh_co", "co", "oh")),
+                                                   (40, 9, 24, 1, 2, ("oh",)),
+                                                   (64, 28, 288, 1, 2, ("n_oh_co", "co", "oh")),
+                                                   (24, 9, 16, 3, 2, ("n_oh_co", "co", "oh"))])
 def test_pointwise_conv_splits_its_rows_where_the_input_outweighs_the_weights(machine, c, hw, k,
-                                                                             r, axes):
-    """A 1x1 stride-1 implicit-GEMM conv whose input is 3x its weights (pixels >= 3 x output
+                                                                             r, stride, axes):
+    """A 1x1 implicit-GEMM conv whose input is 3x its weights (input pixels >= 3 x output
     channels) spreads only its row blocks over the cores: each core reads its own rows of
     the activation, not all of it (MobileNetV2's 384x14x14->64 + residual, 0.415 -> 0.325 ms
-    over three calls in the model; benchmarks/README.md, mnv40). Other convs keep every
+    over three calls in the model, mnv40; stride 2 too: ResNet-18's downsample 64x56x56->128,
+    0.155 -> 0.106 ms in the model, benchmarks/README.md, res41). Other convs keep every
     split. Checked against NumPy with a residual, 9 columns no multiple of the tile."""
-    op = ops.conv2d(1, c, hw, hw, k, r, r, padding=r // 2,
+    op = ops.conv2d(1, c, hw, hw, k, r, r, stride=stride, padding=r // 2,
                     epilogue=ops.bias() + ops.residual())
     art = tsl.build(op, machine)
     assert art.schedule.space["parallel_axes"] == axes
