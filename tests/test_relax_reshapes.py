@@ -4,7 +4,7 @@ ranges prove them exact (`tsl.relax.reshapes`), so that they fuse and run as pla
 import numpy as np
 
 
-def _reshape(src: tuple, dst: tuple, n):
+def _reshape(src: tuple, dst: tuple):
     """TVM's legalized reshape (TOPI's, as `LegalizeOps` writes it) of `src` into `dst`."""
     from tvm import te, topi
 
@@ -31,7 +31,7 @@ def test_a_reshape_over_a_symbolic_extent_loses_its_divisions_and_stays_correct(
     from tsl.relax.reshapes import exact
 
     n = tirx.Var("n", "int64")
-    f = _reshape((1, 12, 64, n), (12, 64, n), n)
+    f = _reshape((1, 12, 64, n), (12, 64, n))
     assert _symbolic_divisions(f)   # TVM's own form: the flat index taken apart by n
     g = exact(f)
     assert g is not None and not _symbolic_divisions(g)
@@ -50,4 +50,4 @@ def test_a_division_the_ranges_do_not_prove_exact_is_left_and_said():
 
     n = tirx.Var("n", "int64")
     # (2n,) -> (2, n): the flat index is taken apart by 2n, which no loop's range bounds
-    assert exact(_reshape((2 * n,), (2, n), n)) is None
+    assert exact(_reshape((2 * n,), (2, n))) is None
