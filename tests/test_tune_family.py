@@ -94,6 +94,31 @@ def test_the_build_takes_each_range_s_least_total_and_only_complete_ones(tmp_pat
     assert art.kernels[-1].knobs == other and art.verify(m=lo + 1)[0]
 
 
+def test_a_range_runs_a_second_candidate_where_its_timings_are_lower(tmp_path):
+    """Where another candidate (a smaller row block) was timed faster than the range's best
+    at its low samples, the build compiles both and splits the range by the timings."""
+    from tsl.dynamic.symbolic import blocks_of, padded
+
+    fam, m = family(16), tsl.backend.resolve_target("cpu")[1]
+    key = family_key(fam, m, mine)
+    (lo, top, pts), = [r for r in ranges(fam) if r[1] == 16]
+    best = microkernel.choose(fam, m, mine, ("i",), lo, top, None, None)[0].schedule
+    rows = 2 if blocks_of(best, ("i",))["i"] == 4 else 4
+    small = {**best.knob_values, "m_inner": rows, "m_outer": 1}
+    db = Database(tmp_path / "t.jsonl")
+    for v in pts:  # the best: 0.8 ms anywhere; the small block: 60 us per padded row
+        for knobs, t in ((dict(best.knob_values), 8e-4), (small, 6e-5 * padded(v, rows))):
+            db.add(make_record(key, {"knobs": knobs, "top": top, "value": v}, t, "seconds", t))
+    art = tsl.build(fam, "cpu", schedule=mine, knobs=db)
+    ran = {v: art.kernels[art.pieces(v)[0][0]].knobs for v in range(lo + 1, top + 1)}
+    assert ran[top] == dict(best.knob_values) and ran[lo + 1] == small
+    assert {v for v, k in ran.items() if k == small} == {
+        v for v in ran if 6e-5 * padded(v, rows) < 8e-4}
+    for v in (lo + 1, 11, 13, top):
+        ok, err = art.verify(seed=v, m=v)
+        assert ok, (v, err)
+
+
 def test_bench_row_compares_the_tuned_family_with_a_static_tune(tuned, tmp_path):
     from tsl.bench import dynamic as bench
 

@@ -5,10 +5,13 @@ its kernel with run-time rows compiled once (recorded at hi), checked against Nu
 range's smallest sample value, then timed (bound, per call, the best of a few) at each of the
 range's sample values -- one compile serves every sample, as the built kernel serves every
 value. Round one measures, per range, the cost model's own choice (what an untuned build
-runs); each later round one more candidate per range, ranked by its predicted total time over
-the range's samples. The prediction is the analytic model's time of the knobs at each sample
-(padded to their row block) corrected by ONE XGBoost model shared across the ranges, trained
-on every measurement so far: its features are the static tuner's (program and knobs, size
+runs); each later round one more candidate per range: the one predicted to take most time
+off the range's samples, each sample at the least measured there so far (a build runs a
+range's best and a second candidate where that is faster: `tsl.tune.family.second`), ties by
+the predicted total. A range's candidates are the model's best at its top and knobs drawn at
+random from the space (as the static tuner's pool). The prediction is the analytic model's
+time of the knobs at each sample (padded to their row block) corrected by ONE XGBoost model
+shared across the ranges, trained on every measurement so far: its features are the static tuner's (program and knobs, size
 free) and the value itself and its padding, so what it learns at one value of M ranks the
 candidates at the others. After each round the one-knob neighbours of a range's best and the
 best knobs of the ranges beside it (where they record) join its candidates.
@@ -33,6 +36,7 @@ from .runner import LocalRunner
 from .search import LearnedModel, TuneResult, knob_features, neighbours, program_features
 
 POOL = 24  # the model's best candidates per range to start from (and the best per row block)
+SEEDS = 48  # knobs drawn at random per range beside them (`search.candidates`)
 REPEAT, WARMUP = 5, 3  # calls timed per sample value (the least counts), calls before them
 
 
@@ -150,6 +154,12 @@ class _Range:
         self.cands = [self.cands[i] for i in sorted(range(len(self.cands)), key=key)]
         self.known = {knobs_key(s.knob_values): i for i, s in enumerate(self.cands)}
 
+    def floor(self) -> np.ndarray:
+        """The least seconds measured at each sample (inf where none was)."""
+        got = [[m.seconds.get(v, math.inf) for v in self.pts] for m in self.done.values()
+               if m.error is None]
+        return np.min(got, axis=0) if got else np.full(len(self.pts), math.inf)
+
     def best(self) -> int | None:
         ok = [(m.total(self.pts), i) for i, m in self.done.items()
               if m.total(self.pts) is not None]
@@ -173,6 +183,13 @@ class _Search:
                 r.add(c.schedule)
             totals = self.predicted_totals(r, list(range(len(r.cands))), None)
             r.sort(totals.__getitem__)  # the model's choice first
+            # and knobs drawn from the whole space, as the static tuner's pool: the model's
+            # best at a top are a few tiles in several orders, and the split reductions a
+            # 64-trial tune picks at m = 100 and 333 (benchmarks/README.md, dyn40) are
+            # three steps of neighbours from them
+            for s in search.candidates(fam.at(**{self.name: r.hi}), machine, fn, SEEDS,
+                                       seed + r.hi):
+                r.add(s)
         self._resume()
 
     # -- the model ----------------------------------------------------------------------
@@ -204,23 +221,31 @@ class _Search:
         model.fit([e[1] for e, _ in pts], [t for _, t in pts], [e[0] for e, _ in pts])
         return model
 
-    def predicted_totals(self, r: _Range, todo: list[int], model) -> list[float]:
-        """Each candidate's predicted seconds summed over the range's samples (inf where its
-        knobs do not record at one of them); the model asked once for them all."""
+    def predicted(self, r: _Range, todo: list[int], model) -> np.ndarray:
+        """Each candidate's predicted seconds at each of the range's samples (a row per
+        candidate; inf where its knobs do not record at one of them); the model asked once
+        for them all."""
         es = {i: [self.est(r, i, v) for v in r.pts] for i in todo}
         ok = [i for i in todo if all(e[1] is not None for e in es[i])]
-        got = {i: math.inf for i in todo}
+        got = np.full((len(todo), len(r.pts)), math.inf)
+        rows = [todo.index(i) for i in ok]
         if model is None:
-            got.update({i: sum(e[0] for e in es[i]) for i in ok})
+            got[rows] = [[e[0] for e in es[i]] for i in ok]
         elif ok:
-            pred = np.exp(model.predict([e[1] for i in ok for e in es[i]],
-                                        [e[0] for i in ok for e in es[i]]))
-            n = len(r.pts)
-            got.update({i: float(pred[j * n:(j + 1) * n].sum()) for j, i in enumerate(ok)})
-        return [got[i] for i in todo]
+            got[rows] = np.exp(model.predict([e[1] for i in ok for e in es[i]],
+                                             [e[0] for i in ok for e in es[i]])
+                               ).reshape(len(ok), len(r.pts))
+        return got
+
+    def predicted_totals(self, r: _Range, todo: list[int], model) -> list[float]:
+        """Each candidate's predicted seconds summed over the range's samples."""
+        return list(self.predicted(r, todo, model).sum(axis=1))
 
     def picks(self, room: int, model) -> list[tuple[_Range, int]]:
-        """Per range (while `room` lasts), its unmeasured candidate predicted fastest."""
+        """Per range (while `room` lasts), its unmeasured candidate predicted to take most
+        off the range's samples, each at the least any candidate measured there (a build
+        runs a second kernel where one beats the best: `tsl.tune.family.second`); ties by
+        the predicted total."""
         out = []
         for r in self.ranges:
             todo = [i for i in range(len(r.cands)) if i not in r.done]
@@ -229,8 +254,12 @@ class _Search:
             if 0 in todo:  # the model's choice opens every range
                 out.append((r, 0))
                 continue
-            pred = self.predicted_totals(r, todo, model)
-            out.append((r, todo[int(np.argmin(pred))]))
+            pred = self.predicted(r, todo, model)
+            # the analytic model's seconds are not the timings' scale: its totals alone
+            floor = np.minimum(pred, r.floor() if model is not None else math.inf).sum(axis=1)
+            floor[~np.isfinite(pred.sum(axis=1))] = math.inf
+            out.append((r, todo[min(range(len(todo)),
+                                    key=lambda j: (floor[j], pred[j].sum()))]))
         return out
 
     # -- measuring -----------------------------------------------------------------------
