@@ -11,11 +11,12 @@ range's best and a second candidate where that is faster: `tsl.tune.family.secon
 the predicted total. A range's candidates are the model's best at its top and knobs drawn at
 random from the space (as the static tuner's pool). The prediction is the analytic model's
 time of the knobs at each sample (padded to their row block) corrected by ONE XGBoost model
-shared across the ranges, trained on every measurement so far: its features are the static tuner's (program and knobs, size
-free) and the value itself and its padding, so what it learns at one value of M ranks the
-candidates at the others. After each round the one-knob neighbours of a range's best and the
-best knobs of the ranges beside it (where they record) join its candidates. At the end a range's
-best two, where within TIE, are timed again alternately to order them (`_Search.settle`).
+shared across the ranges, trained on every measurement so far: its features are the static
+tuner's (program and knobs, size free) and the value itself and its padding, so what it
+learns at one value of M ranks the candidates at the others. After each round the one-knob
+neighbours of a range's best and the best knobs of the ranges beside it (where they record)
+join its candidates. At the end a range's best two, where within TIE, are timed again
+alternately to order them (`_Search.settle`).
 """
 
 from __future__ import annotations
@@ -333,9 +334,11 @@ class _Search:
                 continue
             pair = [i for _, i in ranked[:2]]
             again = self._alternated([r.cands[i] for i in pair], r.pts)
+            if again is None:
+                continue
             # the new readings order the two; their level stays the first readings' (the
-            # least of the two at each sample): the same kernel read up to 1.5x apart
-            # minutes apart on a loaded host, and the other candidates' readings are not
+            # least of the two at each sample): the same kernels read 1.1-2.7x slower a few
+            # minutes later on a loaded host, and the other candidates' readings are not
             # taken again
             least = {v: min(r.done[i].seconds[v] for i in pair) / min(a[v] for a in again)
                      for v in r.pts}
@@ -349,10 +352,13 @@ class _Search:
                                                 t, "seconds", t))
             self.result.settled += 1
 
-    def _alternated(self, cands: list, pts) -> list[dict]:
+    def _alternated(self, cands: list, pts) -> list[dict] | None:
         """Per candidate, {value: the least seconds} of SETTLE calls alternated with the
-        others' (after WARMUP each)."""
+        others' (after WARMUP each); None where one no longer checks against NumPy (its
+        first reading stands)."""
         bound = [self._bound(s, pts) for s in cands]
+        if any(err for _, _, err in bound):
+            return None
         got = [{v: [] for v in pts} for _ in cands]
         with exclusive(), realtime():
             for v in pts:
