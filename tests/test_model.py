@@ -93,7 +93,7 @@ def test_a_write_back_across_the_output_layout_stores_each_run(layout):
     m = tsl.load_machine("x86-avx2")
     op = tsl.ops.conv2d(1, 64, 32, 32, 64, 1, 1, stride=2, layout=layout)
     base = {"h_inner": 1, "co_outer": 1, "ci_inner": 4, "reduce_rows": True,
-            "parallel_axes": "co", "stages": 1}
+            "parallel_axes": "oh", "stages": 1}
     parts = {}
     for w, co in ((2, 4), (4, 2)):
         s = tsl.schedule(op, m, knobs={**base, "w_inner": w, "co_inner": co})
@@ -210,22 +210,20 @@ def test_the_spearman_floor_fails_a_model_that_ranks_wrongly(vta_check, permute)
     assert model_check.spearman(wrong, sim) < FLOOR
 
 
-def test_model_ranks_knob_settings_like_cpu_time():
-    """Timing on a shared host is noisy: a tiny shape and a loose floor, checked only when
-    the clock ranks the settings consistently against itself (on a host whose other load
-    deschedules the kernel's threads, calls take whole scheduler ticks and nothing can be
-    ranked: that is said, not counted as the model's fault)."""
+def test_model_check_measures_cpu_settings_consistently():
+    """The CPU row of `--model-check`: settings drawn, built, each timed `rounds` times, and
+    the noise statistics in range. How well the model ranks them is a timing and belongs to
+    the bench (`python -m tsl.bench --model-check --targets cpu`), not to an assertion here:
+    the deterministic ranking check is the VTA simulator's above."""
     backend, machine = resolve_target("cpu")
     if backend.unavailable(machine):
         pytest.skip(backend.unavailable(machine))
     row = model_check.check_op(tsl.ops.matmul(96, 96, 96), "cpu", n=12, rounds=2)
-    assert row["kind"] == "measured" and len(row["seconds"][0]) == 2, row
-    assert 0 <= row["resolved"] <= 1 and row["noise"] >= 0, row
-    if row["retest"] < 0.6:
-        pytest.skip(f"this host's clock does not rank the settings against itself (retest "
-                    f"Spearman {row['retest']:.2f}, noise {100 * row['noise']:.0f}%): too "
-                    "loaded to check the model")
-    assert row["spearman"] >= 0.3, row
+    assert row["kind"] == "measured" and row["n"] == 12, row
+    assert all(len(t) == 2 and min(t) > 0 for t in row["seconds"]), row
+    assert len(row["model_seconds"]) == 12 and min(row["model_seconds"]) > 0, row
+    assert -1 <= row["spearman"] <= 1 and -1 <= row["retest"] <= 1, row
+    assert 0 <= row["resolved"] <= 1 and row["noise"] >= 0 and row["default_vs_best"] >= 1, row
 
 
 def test_bench_trials_and_model_check_flags():

@@ -128,25 +128,32 @@ def test_in_place_gemm_splits_its_larger_operand_over_the_cores(machine, co, pix
 
 
 EVERY = (("oh", "co"), ("n_oh_co", "co", "oh"))
+ROWS = (EVERY[0], ("oh",))
+CHANNELS = (("co",), ("n_oh_co", "co"))
 
 
-@pytest.mark.parametrize("c,hw,k,r,space", [(384, 14, 64, 1, (EVERY[0], ("oh",))),
-                                             (40, 9, 24, 1, (EVERY[0], ("oh",))),
-                                             (320, 7, 1280, 1, (("co",), ("n_oh_co", "co"))),
-                                             (40, 5, 96, 1, (("co",), ("n_oh_co", "co"))),
-                                             (384, 14, 96, 1, EVERY), (24, 9, 16, 3, EVERY),
-                                             (24, 5, 96, 3, EVERY)])
-def test_pointwise_conv_splits_the_larger_operand(machine, c, hw, k, r, space):
-    """A 1x1 stride-1 implicit-GEMM conv where one operand is 3x the other spreads over the
-    cores only splits that cut the larger one, as its in-place GEMM form does. Input 3x the
-    weights (pixels >= 3 x output channels): only the row blocks, so each core reads its own
+@pytest.mark.parametrize("c,hw,k,r,stride,space", [(384, 14, 64, 1, 1, ROWS),
+                                                    (40, 9, 24, 1, 1, ROWS),
+                                                    (40, 9, 24, 1, 2, ROWS),
+                                                    (320, 7, 1280, 1, 1, CHANNELS),
+                                                    (40, 5, 96, 1, 1, CHANNELS),
+                                                    (384, 14, 96, 1, 1, EVERY),
+                                                    (64, 28, 288, 1, 2, EVERY),
+                                                    (24, 9, 16, 3, 1, EVERY),
+                                                    (24, 9, 16, 3, 2, EVERY),
+                                                    (24, 5, 96, 3, 1, EVERY)])
+def test_pointwise_conv_splits_the_larger_operand(machine, c, hw, k, r, stride, space):
+    """A 1x1 implicit-GEMM conv where one operand is 3x the other spreads over the cores only
+    splits that cut the larger one, as its in-place GEMM form does. Input 3x the weights
+    (input pixels >= 3 x output channels): only the row blocks, so each core reads its own
     rows of the activation (MobileNetV2's 384x14x14->64 + residual, 0.415 -> 0.325 ms over
-    three calls in the model; benchmarks/README.md, mnv40). Weights 3x the input (output
-    channels >= 3 x pixels): the channel blocks outermost and split, so each core streams
-    half the weights (320x7x7->1280, and the other 7x7 convs, mnv41). Near a tie, and for
-    a 3x3 conv, every split. Checked against NumPy with a residual, 9 and 5 columns no
+    three calls in the model, mnv40; stride 2 too: ResNet-18's downsample 64x56x56->128,
+    0.155 -> 0.106 ms in the model, res41; benchmarks/README.md). Weights 3x the input
+    (output channels >= 3 x pixels): the channel blocks outermost and split, so each core
+    streams half the weights (320x7x7->1280, and the other 7x7 convs, mnv41). Near a tie, and
+    for a 3x3 conv, every split. Checked against NumPy with a residual, 9 and 5 columns no
     multiple of the tile."""
-    op = ops.conv2d(1, c, hw, hw, k, r, r, padding=r // 2,
+    op = ops.conv2d(1, c, hw, hw, k, r, r, stride=stride, padding=r // 2,
                     epilogue=ops.bias() + ops.residual())
     art = tsl.build(op, machine)
     assert (art.schedule.space["outer"], art.schedule.space["parallel_axes"]) == space

@@ -396,6 +396,42 @@ def test_window_rule_stages_small_phase_split_planes_several_per_task(op, channe
     np.testing.assert_allclose(out.numpy(), _torch_window(op, 2, x, w, b), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["maxpool", "avgpool"])
+@pytest.mark.parametrize("size, width", [(57, 56), (21, 30)])
+def test_window_rule_fills_a_phase_split_plane_one_phase_row_at_a_time(op, size, width):
+    """Stride 2: the staged plane's fill (the padding value everywhere, before the copy of the
+    interior) runs phases outer and the columns of one phase row as a vector, consecutive
+    stores; in the copy's order (phases inner) LLVM made it 8-element scatters (ResNet-18's
+    max-pool ran 2.1x slower). Even widths (an odd one's padded layout is written by the copy
+alone: no fill); the kernel matches PyTorch."""
+    pytest.importorskip("torch", reason="the reference is PyTorch's conv2d / pooling")
+    import tvm
+    from tvm.tirx import ForKind
+
+    import tsl.relax
+    from tsl.schedules.vector import VectorFacts
+    from tsl.schedules.window import window
+
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0])(
+            _window_module(op, 2, 19, size, width))
+    func = next(f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    sch = window(func, VectorFacts(vector_bits=512, cores=2))
+    fill = sch.get_sblock("pad_temp_pad_const")
+    phase, cols = (sch.get(lp) for lp in sch.get_loops(fill)[-2:])
+    assert (phase.extent.value, phase.kind) == (2, ForKind.SERIAL)
+    assert (cols.extent.value, cols.kind) == (width // 2 + 1, ForKind.VECTORIZED)
+    rng = np.random.default_rng(8)
+    x, w, b = (rng.standard_normal(s).astype("float32")
+               for s in [(1, 19, size, width), (19, 1, 3, 3), (1, 19, 1, 1)])
+    args = [x, w, b][:len(func.params) - 1]
+    out = tvm.runtime.tensor(np.full((1, 19, (size + 1) // 2, (width + 1) // 2), np.nan, "float32"))
+    kernel = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")})
+    tvm.compile(kernel, target=tgt)(*(tvm.runtime.tensor(a) for a in args), out)
+    np.testing.assert_allclose(out.numpy(), _torch_window(op, 2, x, w, b), rtol=1e-5, atol=1e-5)
+
+
 def test_reshapes_around_tsl_gemms_are_views_not_copies_and_the_model_matches_numpy():
     """ONNX's MatMul on (1, rows, k) tensors: the swap's kernels work on (rows, k) and reshape
     their operands and results; those reshapes (and TVM's own) must reach the VM as views, not

@@ -10,6 +10,7 @@ from tsl.errors import InputError, ScheduleError
 from tsl.ops import sym
 from tsl.tune.database import Database, make_record
 from tsl.tune.family import family_key, ranges
+from tsl.tune.keys import knobs_key
 
 from test_tuning_keys import edited, mine  # one schedule function, and its edited source
 
@@ -54,7 +55,9 @@ def test_a_stopped_family_tuning_resumes(tuned, tmp_path):
     more = tune.tune(family(), "cpu", trials=TRIALS + 2, schedule=mine, database=copy)
     assert more.resumed == TRIALS and more.trials == TRIALS + 2
     assert len(Database(copy.path)) > len(db)
-    assert sum(more.seconds.values()) <= sum(first.seconds.values())
+    # each range keeps its least total (the near-tied best two timed again: `settle`)
+    assert set(more.knobs) == set(first.knobs)
+    assert all(more.seconds[t] <= d for t, d in more.default_seconds.items())
 
 
 def test_records_of_another_bound_or_schedule_source_are_refused(tuned):
@@ -92,6 +95,59 @@ def test_the_build_takes_each_range_s_least_total_and_only_complete_ones(tmp_pat
             db.add(make_record(key, {"knobs": knobs, "top": top, "value": v}, t, "seconds", t))
     art = tsl.build(fam, "cpu", schedule=mine, knobs=db)
     assert art.kernels[-1].knobs == other and art.verify(m=lo + 1)[0]
+
+
+def test_a_range_runs_a_second_candidate_where_its_timings_are_lower(tmp_path):
+    """Where another candidate (a smaller row block) was timed faster than the range's best
+    at its low samples, the build compiles both and splits the range by the timings."""
+    from tsl.dynamic.symbolic import blocks_of, padded
+
+    fam, m = family(16), tsl.backend.resolve_target("cpu")[1]
+    key = family_key(fam, m, mine)
+    (lo, top, pts), = [r for r in ranges(fam) if r[1] == 16]
+    best = microkernel.choose(fam, m, mine, ("i",), lo, top, None, None)[0].schedule
+    rows = 2 if blocks_of(best, ("i",))["i"] == 4 else 4
+    small = {**best.knob_values, "m_inner": rows, "m_outer": 1}
+    db = Database(tmp_path / "t.jsonl")
+    for v in pts:  # the best: 0.8 ms anywhere; the small block: 60 us per padded row
+        for knobs, t in ((dict(best.knob_values), 8e-4), (small, 6e-5 * padded(v, rows))):
+            db.add(make_record(key, {"knobs": knobs, "top": top, "value": v}, t, "seconds", t))
+    art = tsl.build(fam, "cpu", schedule=mine, knobs=db)
+    ran = {v: art.kernels[art.pieces(v)[0][0]].knobs for v in range(lo + 1, top + 1)}
+    assert ran[top] == dict(best.knob_values) and ran[lo + 1] == small
+    assert {v for v, k in ran.items() if k == small} == {
+        v for v in ran if 6e-5 * padded(v, rows) < 8e-4}
+    for v in (lo + 1, 11, 13, top):
+        ok, err = art.verify(seed=v, m=v)
+        assert ok, (v, err)
+
+
+def test_a_range_s_near_tied_best_two_are_timed_again_and_the_first_readings_replaced(
+        tmp_path):
+    from tsl.tune.family import measured
+
+    fam, m = family(), tsl.backend.resolve_target("cpu")[1]
+    key = family_key(fam, m, mine)
+    (lo, top, pts), = [r for r in ranges(fam) if r[1] == 8]
+    model = microkernel.choose(fam, m, mine, ("i",), lo, top, None, None)[0].knobs
+    other = {**model, "k_inner": 1 if model["k_inner"] != 1 else 2}
+    far = {**model, "outer": "m" if model["outer"] != "m" else "n"}
+    db = Database(tmp_path / "t.jsonl")
+    read = {knobs_key(model): 1.0e-3, knobs_key(other): 1.05e-3, knobs_key(far): 2e-3}
+    for knobs in (model, other, far):  # the first two within TIE of each other
+        for v in pts:
+            t = read[knobs_key(knobs)]
+            db.add(make_record(key, {"knobs": knobs, "top": top, "value": v}, t, "seconds", t))
+    res = tune.tune(fam, "cpu", trials=3, schedule=mine, database=db)
+    assert res.resumed == 3 and res.settled == 1
+    kept = Database(db.path)
+    count = {k: sum(knobs_key(r.knobs["knobs"]) == k for r in kept.records()) for k in read}
+    assert count == {knobs_key(model): 2 * len(pts), knobs_key(other): 2 * len(pts),
+                     knobs_key(far): len(pts)}  # the far one is not timed again
+    again = measured(kept, key)
+    for v in pts:  # the new readings at the first readings' level: the least of the two
+        assert min(again[top, knobs_key(k)].seconds[v] for k in (model, other)) == \
+            pytest.approx(1.0e-3)
 
 
 def test_bench_row_compares_the_tuned_family_with_a_static_tune(tuned, tmp_path):

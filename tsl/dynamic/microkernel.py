@@ -15,12 +15,15 @@ at the top) won at m = 100 of 768->3072 but lost 10-30% at m = 128 and 333 elsew
 So the top's kernel stays, and where its blocks pad a range's values a second kernel of a
 smaller block (`second`) runs just those the model prices it MARGIN below the top at: there
 the padded rows are a difference the model sees (768->3072 at m = 100 / 200 / 333: 1.12 /
-1.11 / 1.44 of static -> 0.99 / 1.00 / 1.03; benchmarks/README.md, dyn39).
+1.11 / 1.44 of static -> 0.99 / 1.00 / 1.03; benchmarks/README.md, dyn39). A tuned range
+(`tsl.tune` of the family) runs the kernels it measured instead, split by their timings.
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from ..errors import ScheduleError
 from ..model import evaluate, search
@@ -160,13 +163,24 @@ def kernels(fam, machine, fn, axes, rungs: list[int], upper: int, fixed,
             check, tuned: dict | None = None) -> list[list[plan.Kernel]]:
     """Per range between rungs (the top one's reaching `upper`) its kernels: the top's, and
     a second for the values it pads (`choose`; the ranges' searches in parallel, `jobs`).
-    `tuned`: {range top: knobs} measured by `tsl.tune` (those ranges skip the model's
-    search and get one kernel)."""
+    `tuned`: {range top: knobs, or the kernels `tsl.tune` measured for it as
+    `tsl.tune.family.Measured`s} (those ranges skip the model's search)."""
     spans = ranges(rungs, upper)
     todo = [(lo, hi) for lo, hi in spans if not (tuned and hi in tuned)]
     chosen = dict(zip(todo, _chosen(fam, machine, fn, axes, todo, fixed, check)))
-    return [[with_knobs(fam, machine, fn, axes, hi, tuned[hi])] if (lo, hi) not in chosen
+    return [_tuned(fam, machine, fn, axes, hi, tuned[hi]) if (lo, hi) not in chosen
             else chosen[lo, hi] for lo, hi in spans]
+
+
+def _tuned(fam, machine, fn, axes, hi: int, given) -> list[plan.Kernel]:
+    """A tuned range's kernels: one of the knobs given, or one per measured candidate
+    (each with its timings, which `table` splits the range by)."""
+    if isinstance(given, dict):
+        return [with_knobs(fam, machine, fn, axes, hi, given)]
+    out = [with_knobs(fam, machine, fn, axes, hi, m.knobs) for m in given]
+    for k, m in zip(out, given):
+        k.measured = dict(m.seconds)
+    return out
 
 
 def _chosen(fam, machine, fn, axes, todo: list, fixed, check) -> list[list[plan.Kernel]]:
@@ -211,6 +225,8 @@ def table(fam, per_range: list[list[plan.Kernel]],
         hi = ks[0].value
         if len(ks) == 1:
             rows.append(plan.Range(lo, hi, first, False))
+        elif all(k.measured for k in ks):
+            rows += _split_measured(ks, lo, hi, first)
         else:
             rows += _split(fam, ks, lo, hi, first)
         lo = hi + 1
@@ -260,3 +276,28 @@ def _split(fam, ks: list[plan.Kernel], lo: int, hi: int, first: int) -> list[pla
             rows.append(plan.Range(x + 1, b, first, False))
         a = b + 1
     return rows
+
+
+def _split_measured(ks: list[plan.Kernel], lo: int, hi: int,
+                    first: int) -> list[plan.Range]:
+    """Values lo..hi of a tuned range, each on the kernel whose timings (`_line`) put it
+    fastest there: the measurements decide, not the model, which misranks near-equal
+    knobs (the module's text) and a tuned range's kernels are such knobs."""
+    lines = [_line(k) for k in ks]
+    return [plan.Range(v, v, first + min(range(len(ks)), key=lambda j: lines[j](v)), False)
+            for v in range(lo, hi + 1)]
+
+
+def _line(k: plan.Kernel):
+    """v -> seconds: a least-squares line through the kernel's timings against the rows
+    it runs (each value padded to its blocks: its work grows with those, its fixed cost
+    does not); proportional to them where the samples pad to one size."""
+    def rows(v: int) -> int:
+        return math.prod(padded(v, b) for b in k.blocks.values())
+    xs = [rows(v) for v in k.measured]
+    ts = list(k.measured.values())
+    if len(set(xs)) < 2:
+        per_row = sum(ts) / sum(xs)
+        return lambda v: per_row * rows(v)
+    slope, fixed = np.polyfit(xs, ts, 1)
+    return lambda v: fixed + slope * rows(v)

@@ -39,6 +39,7 @@ class Kernel:
     fn: object = None  # the schedule function (to price the knobs at other values)
     margin: float = 1.0  # a range's second kernel: how many times below the top's price the
     # model must put it at a value for the value to run it (`microkernel.second`)
+    measured: dict | None = None  # a tuned family's kernel: seconds per value timed
 
     @property
     def knobs(self) -> dict:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from .imports import fold_batch_norm, import_passes
 from .layouts import layout_pass
 from .quantize import quantize
+from .reshapes import injective_reshapes
 from .swap import Decision, Report, swap_pass
 from .targets import machine_for, tir_pipeline, tvm_target
 from .vta_run import run_vta
@@ -46,6 +47,11 @@ def _stages(tvm_tgt):
     # expf calls do not; relative error ~1e-7, within the 1e-4 the models are checked to.
     fast = [FastMathTransform()]
     fuse_end = 1 + max(i for i, p in enumerate(legal) if "FuseTIR" in str(p.info.name))
+    # Reshapes over a symbolic extent fuse as they do in a static build (`reshapes`).
+    annotated = 1 + next(i for i, p in enumerate(legal)
+                         if "AnnotateTIROpPattern" in str(p.info.name))
+    legal = legal[:annotated] + [injective_reshapes()] + legal[annotated:]
+    fuse_end += 1
     return (import_passes() + fast + be.library_dispatch_passes(tvm_tgt) + legal[:fuse_end],
             legal[fuse_end:] + be.dataflow_lower_passes(tvm_tgt) + be.finalize_passes(tvm_tgt))
 

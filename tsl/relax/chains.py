@@ -18,8 +18,9 @@ A function read by one consumer only is merged into it too when nothing is compu
 an element-wise function into an all-spatial consumer, and an element-wise function or a row
 reduction into a consumer that reduces rows (`_merges`): the residual add and the layer norm
 after it, the attention mask's max and the softmax, each become one function that
-`vector.rowwise` computes row by row. Functions with symbolic shapes are left alone
-(`tsl.relax.symbolic` owns those).
+`vector.rowwise` computes row by row. Symbolic shapes are merged alike (the dynamic-seq BERT
+layer's glue, as in its static build); the GEMMs with a symbolic dim are calls of
+`tsl.relax.symbolic`'s dispatch functions, not call_tirs, and stay as they are.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _calls_and_users(func):
     for block in func.body.blocks:
         for b in block.bindings:
             v = b.value
-            if _static_call_tir(v):
+            if _call_tir(v):
                 calls[b.var] = v
                 for a in v.args[1].fields:
                     _note(users, a, v if isinstance(a, relax.Var) else None)
@@ -123,8 +124,8 @@ def _note(users: dict, expr, user) -> None:
         users.setdefault(v, []).append(user)
 
 
-def _static_call_tir(expr) -> bool:
-    """A call_tir without symbolic arguments whose result and arguments have static shapes."""
+def _call_tir(expr) -> bool:
+    """A call_tir without scalar arguments whose result and arguments have known shapes."""
     import tvm
     from tvm import relax
 
@@ -132,8 +133,7 @@ def _static_call_tir(expr) -> bool:
             and len(expr.args) == 2 and isinstance(expr.args[1], relax.Tuple)):
         return False
     sinfos = [expr.ty] + [a.ty for a in expr.args[1].fields]
-    return all(isinstance(s, relax.TensorType) and s.shape is not None
-               and all(isinstance(d, tvm.tirx.IntImm) for d in s.shape.values) for s in sinfos)
+    return all(isinstance(s, relax.TensorType) and s.shape is not None for s in sinfos)
 
 
 def _prim(mod, call):

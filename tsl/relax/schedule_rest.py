@@ -10,12 +10,16 @@ TVM's `RewriteDataflowReshape` does this later in its own pipeline, but by then 
 scheduled those functions into loop nests it no longer recognizes. The swap's packs are
 simplified first (`StmtSimplify`): their bound checks are always true where nothing is padded.
 Then chains of copies are merged into their consumers (`tsl.relax.chains`): one loop nest each.
+Divisions by a symbolic extent that a fused reshape left in a function's indices are taken out
+where the loops' ranges prove them exact (`tsl.relax.reshapes.exact`): a vector of loads, not
+a div and a mod per element.
 """
 
 from __future__ import annotations
 
 from ..schedules.vector import RULES, VectorFacts
 from .chains import fuse_copy_chains
+from .reshapes import exact
 
 
 def schedule_rest(facts: VectorFacts, left: list | None = None):
@@ -29,6 +33,7 @@ def schedule_rest(facts: VectorFacts, left: list | None = None):
         for gv, f in list(mod.functions.items()):
             if not isinstance(f, tirx.PrimFunc) or "tsl.machine" in f.attrs:
                 continue
+            f = exact(f) or f
             sch = next((s for s in (r(f, facts) for r in RULES) if s is not None), None)
             if sch is None:
                 if left is not None:

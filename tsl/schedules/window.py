@@ -279,5 +279,19 @@ def _stage_producer(sch, block, plane, stride: int = 1):
         if stride == 1:
             sch.vectorize(sch.get_loops(b)[-1])
             continue
-        _, phase = sch.split(sch.get_loops(b)[-1], factors=[None, stride])
-        sch.unroll(phase)
+        cols, phase = sch.split(sch.get_loops(b)[-1], factors=[None, stride])
+        if sch.get(b).reads:
+            sch.unroll(phase)
+        else:
+            _fill_by_phase(sch, cols, phase)
+
+
+def _fill_by_phase(sch, cols, phase):
+    """The border fill of a phase-split producer (`decompose_padding`'s, which writes the whole
+    staged plane): phases outer, so that each phase row is one run of consecutive columns,
+    vectorized. In the copy's order (phases inner, left to LLVM) the fill, which reads
+    nothing to deinterleave, became 8-element scatters: ResNet-18's 64 x 112 x 112 max-pool
+    spent most of its 0.3-0.5 ms in them (benchmarks/README.md, res41)."""
+    sch.reorder(phase, cols)
+    if _const_above(sch.get(cols).extent, 0):
+        sch.vectorize(cols)

@@ -141,8 +141,8 @@ class Database:
         self.report_stale(key)
         return self.best(key)
 
-    def best_for_family(self, fam, machine: Machine, schedule_fn) -> dict[int, dict] | None:
-        """A tuned family's knobs per range top (`tsl.tune.family.best_knobs`)."""
+    def best_for_family(self, fam, machine: Machine, schedule_fn) -> dict | None:
+        """A tuned family's measured kernels per range top (`tsl.tune.family.best_knobs`)."""
         from .family import best_knobs
 
         return best_knobs(self, fam, machine, schedule_fn)

@@ -10,7 +10,8 @@ family's: the operator at value 1 with the symbol, its bound and the parameters 
 for in place of a shape, then machine, machine file hash, schedule name and schedule source
 hash (with tsl's version) as for any key. A record's knobs are {"knobs": the schedule's,
 "top": the range's hi, "value": the value it was timed at}. A range's tuned knobs are those
-of least total time over all its samples; records of the same family made for another bound,
+of least total time over all its samples, with a second kernel where another candidate is
+faster at some of them (`second`); records of the same family made for another bound,
 or by another source of the schedule, are reported (a warning) and not used.
 """
 
@@ -22,6 +23,11 @@ from dataclasses import dataclass, field
 
 from ..ops.sym import Sym
 from .keys import Key, knobs_key, machine_hash, schedule_hash, schedule_name, signature
+
+# A second kernel for a range only where it beats the range's best by more than this at one
+# of its samples at least: a kernel timed again read a few percent apart (the least of 5
+# calls, at real-time priority under the timing lock).
+NOISE = 0.05
 
 
 def family_key(fam, machine, fn) -> Key:
@@ -72,21 +78,34 @@ def measured(db, key: Key) -> dict[tuple, Measured]:
     return out
 
 
-def best_knobs(db, fam, machine, fn) -> dict[int, dict] | None:
-    """{range top: knobs} of the least total time over the range's samples, for the ranges
-    the database measured completely; None when it has none (what does not apply is
-    reported)."""
+def best_knobs(db, fam, machine, fn) -> dict[int, list[Measured]] | None:
+    """{range top: its kernels}, for the ranges the database measured completely: the
+    candidate of least total time over the range's samples, and `second`'s; None when
+    there are none (what does not apply is reported)."""
     key = family_key(fam, machine, fn)
     _report_other_bounds(db, key)
     db.report_stale(key)
     got = measured(db, key)
     out = {}
     for _, hi, pts in ranges(fam):
-        totals = [(m.total(pts), m.knobs) for (top, _), m in got.items() if top == hi]
-        totals = [(t, k) for t, k in totals if t is not None]
-        if totals:
-            out[hi] = min(totals, key=lambda tk: tk[0])[1]
+        done = [m for (top, _), m in got.items() if top == hi and m.total(pts) is not None]
+        if done:
+            top = min(done, key=lambda m: m.total(pts))
+            out[hi] = [top] + second(top, done, pts)
     return out or None
+
+
+def second(top: Measured, done: list[Measured], pts) -> list[Measured]:
+    """[the candidate that takes most time off the range's samples where it beats `top`],
+    or [] when none beats it by more than NOISE at any sample: a build splits the range
+    between the two by their timings (`tsl.dynamic.microkernel`), so a candidate of a
+    smaller row block runs the values the top's block pads (a 64-trial tune at m = 100
+    picks another kernel than the one least over (64, 128]: benchmarks/README.md, tune41)."""
+    def gain(m: Measured) -> float:
+        return sum(max(0.0, top.seconds[v] - m.seconds[v]) for v in pts)
+    beats = [m for m in done if m is not top
+             and any(m.seconds[v] * (1 + NOISE) < top.seconds[v] for v in pts)]
+    return [max(beats, key=gain)] if beats else []
 
 
 def _report_other_bounds(db, key: Key) -> None:
