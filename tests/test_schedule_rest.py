@@ -214,6 +214,55 @@ def test_softmax_over_a_symbolic_row_is_vectorized_with_its_tail_peeled_and_corr
                                    e / e.sum(-1, keepdims=True), rtol=1e-5)
 
 
+@pytest.mark.parametrize("cpu", [None, "x86-avx2"])
+def test_symbolic_rows_are_computed_row_by_row_in_one_parallel_loop_and_correct(cpu, monkeypatch):
+    """Rows of run-time length (a (2, n, n) softmax) and a run-time count of rows (an (n, 40)
+    layer norm) scheduled as a static build's: every block row by row under one parallel loop.
+    The softmax's max and sum run over whole vectors with the row's end checked in their bodies
+    (`tsl.schedules.guarded`: the check of a split would be lost by TVM's `compute_at`, the
+    partials then reading past the row); right at lengths under, off and over the lanes."""
+    import tvm
+    from tvm import relax
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    import tsl.relax
+
+    if cpu:
+        monkeypatch.setenv("TSL_CPU", cpu)
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((2, "n", "n"), "float32"), y: R.Tensor(("n", 40), "float32"),
+                 g: R.Tensor((40,), "float32"), b: R.Tensor((40,), "float32")):
+            with R.dataflow():
+                r = (R.nn.softmax(x, axis=-1), R.nn.layer_norm(y, g, b, axes=[-1]))
+                R.output(r)
+            return r
+
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0]
+                                         + tsl.relax._vector_pass("cpu", tgt))(Mod)
+    for name in ("fast_softmax", "layer_norm"):
+        assert fused[name].script().count("T.parallel") == 1, fused[name].script()
+    assert fused["fast_softmax"].script().count("T.if_then_else") == 2
+    vm = relax.VirtualMachine(tvm.compile(Mod, target=tgt,
+                                          relax_pipeline=tsl.relax.pipeline("cpu")), tvm.cpu())
+    rng = np.random.default_rng(5)
+    g, b = (rng.standard_normal(40).astype("float32") for _ in range(2))
+    for n in (1, 5, 17, 100, 128, 333):
+        x = rng.standard_normal((2, n, n)).astype("float32") * 4
+        y = rng.standard_normal((n, 40)).astype("float32")
+        s, t = vm["main"](*(tvm.runtime.tensor(a) for a in (x, y, g, b)))
+        e = np.exp(x - x.max(-1, keepdims=True))
+        np.testing.assert_allclose(s.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+        mu, var = y.mean(-1, keepdims=True), y.var(-1, keepdims=True)
+        np.testing.assert_allclose(t.numpy(), (y - mu) / np.sqrt(var + 1e-5) * g + b,
+                                   rtol=1e-4, atol=1e-5)
+
+
 def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
     import tvm
     from tvm import relax

@@ -14,8 +14,9 @@ Rules (so far):
 - `rowwise`: blocks with reductions (softmax, layer_norm, mean, global pooling): all blocks
   computed row by row inside one parallel loop over the rows of the last block (single-consumer
   element-wise blocks inlined), reductions along the contiguous axis in lanes partial sums,
-  element-wise blocks vectorized along the row; where TVM cannot nest a block so (or extents
-  are symbolic), each block's leading spatial loops fused and run parallel on their own.
+  element-wise blocks vectorized along the row (symbolic rows too: their reductions padded to
+  whole vectors, `tsl.schedules.guarded`); where TVM cannot nest a block so, each block's
+  leading spatial loops fused and run parallel on their own.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .guarded import pad_reductions
 from .tir_blocks import dtype_bits, root_blocks, spatial_only
 from .window import window
 
@@ -133,8 +135,6 @@ def rowwise(func, facts: VectorFacts):
     if not blocks or any(not sch.get_loops(b) or sch.get(b).iter_vars[0].iter_type != 0
                          for b in blocks):
         return None
-    if any(not hasattr(sch.get(lp).extent, "value") for b in blocks for lp in sch.get_loops(b)):
-        return _rows_per_block(sch, facts)   # symbolic extents: `tsl.relax.symbolic`'s case
     try:
         return _fused_rows(s_tir.Schedule(func), facts)
     except ScheduleError:
@@ -149,11 +149,23 @@ def _fused_rows(sch, facts: VectorFacts):
     block by block each is a whole tensor written and read back. Reductions are summed in lanes
     (`_lane_partials`), spatial blocks vectorized along the row. Raises ScheduleError where a
     block cannot be placed so (the caller falls back)."""
+    from tvm import s_tir
     from tvm.s_tir.schedule import ScheduleError
 
     for b in root_blocks(sch)[:-1]:
-        if spatial_only(sch, b) and len(sch.get_consumers(b)) == 1:
+        if spatial_only(sch, b) and (len(sch.get_consumers(b)) == 1
+                                     or _extent(sch, sch.get_loops(b)[-1]) is None):
+            # A row of run-time length kept would be a buffer of run-time size under the row
+            # loop: a workspace allocation (a call into TVM's runtime) per row. Recomputed in
+            # each consumer instead (the softmax's exp: 0.172 -> 0.157 ms at s = 128).
             sch.compute_inline(b)
+    # Reductions over a row of run-time length padded to whole vectors, their bound check in
+    # their bodies (`guarded`: a split's would be lost by `compute_at`); after the inlining,
+    # which would recompute their reads' regions without the check.
+    padded, names = pad_reductions(
+        sch.mod["main"], lambda b: facts.lanes(dtype_bits(b.writes[0].source.dtype)))
+    if names:
+        sch = s_tir.Schedule(padded)
     last = root_blocks(sch)[-1]
     kinds = [iv.iter_type for iv in sch.get(last).iter_vars]
     if len(sch.get_loops(last)) != len(kinds) or len(kinds) < 2:
@@ -169,12 +181,29 @@ def _fused_rows(sch, facts: VectorFacts):
     for b in blocks:
         inner = sch.get_loops(b)[1:]
         if sch.get(b).name_hint in partials:   # the lanes loop last, in one vector
-            lane = next(lp for lp in inner if sch.get(lp).extent.value == _lanes(sch, b, facts))
+            lane = next(lp for lp in inner
+                        if _extent(sch, lp) == _lanes(sch, b, facts))
             sch.reorder(*[lp for lp in inner if lp != lane], lane)
             sch.vectorize(lane)
-        elif spatial_only(sch, b) and inner and sch.get(inner[-1]).extent.value > 1:
-            sch.vectorize(sch.split(inner[-1], factors=[None, _lanes(sch, b, facts)])[1])
+            if _extent(sch, sch.get_loops(b)[-2]) is None:   # a padded row (`guarded`)
+                _unchecked_partials(sch, b)
+        elif spatial_only(sch, b) and inner and _extent(sch, inner[-1]) != 1:
+            outer, lane = sch.split(inner[-1], factors=[None, _lanes(sch, b, facts)])
+            sch.vectorize(lane)
+            _partition_symbolic(sch, outer)
     return sch
+
+
+def _extent(sch, loop):
+    """The loop's extent, None where it is symbolic."""
+    return getattr(sch.get(loop).extent, "value", None)
+
+
+def _partition_symbolic(sch, loop):
+    """TVM's LoopPartition hint on `loop` where its extent is symbolic: the vector that
+    crosses the row's end peeled off, every whole vector unchecked (see `_rows_per_block`)."""
+    if _extent(sch, loop) is None:
+        sch.annotate(loop, "pragma_loop_partition_hint", 1)
 
 
 def _lanes(sch, block, facts: VectorFacts) -> int:
@@ -187,10 +216,20 @@ def _lane_partials(sch, block, facts: VectorFacts):
     lanes = _lanes(sch, block, facts)
     loop = sch.get_loops(block)[-1]
     extent = sch.get(loop).extent
-    if not hasattr(extent, "value") or extent.value % lanes or extent.value == lanes:
+    if not (_whole_vectors(extent, lanes) if not hasattr(extent, "value")   # `guarded`'s
+            else extent.value % lanes == 0 and extent.value != lanes):
         return None
     _, ki = sch.split(loop, factors=[None, lanes])
     return sch.rfactor(ki, factor_axis=len(sch.get(block).writes[0].source.shape))
+
+
+def _whole_vectors(extent, lanes: int) -> bool:
+    """Whether a symbolic extent is provably a multiple of `lanes` (a split then has no
+    predicate for `compute_at` to drop)."""
+    from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
+
+    return Analyzer().can_prove_equal(tirx.floormod(extent, lanes), 0)
 
 
 def _rows_per_block(sch, facts: VectorFacts):
@@ -262,10 +301,13 @@ def _vector_reduce(sch, block, lanes: int, rows: int) -> bool:
 
 
 def _unchecked_partials(sch, rf):
-    """The lanes partials of a symbolic row (split by lanes: every vector under the split's
-    bound check): their init taken out of the row's loop, where that check guarded it (a row
-    shorter than the lanes left lanes uninitialized: NaN at s = 5), and the loop partitioned
-    (see `_rows_per_block`) so that whole vectors run unchecked, the partial one peeled off."""
+    """The lanes partials of a symbolic row (every vector under a bound check: the split's, or
+    the `if_then_else` of a row padded by `guarded`): their init taken out of the row's loop,
+    where a split's check guarded it (a row shorter than the lanes left lanes uninitialized:
+    NaN at s = 5) and where TVM's LoopPartition would peel the first vector for the init's
+    `k == 0` instead of the row's end (every vector but the first then a checked scalar
+    loop), and the loop partitioned (see `_rows_per_block`) so that whole vectors run
+    unchecked, the partial one peeled off."""
     outer = sch.get_loops(rf)[-2]
     init = sch.decompose_reduction(rf, outer)
     sch.vectorize(sch.get_loops(init)[-1])
