@@ -74,8 +74,8 @@ def injective(func, facts: VectorFacts):
     if len(loops) > 1 and not isinstance(sch.get(loops[-1]).extent, tirx.IntImm):
         if _symbolic_columns_tiled(sch, loops, lanes, facts.cores):
             return sch
-        # A symbolic innermost loop (a transpose into [.., seq]): the others run parallel, it
-        # stays one loop (a split by lanes would add a tail check per vector).
+        # A symbolic innermost loop not tiled so (two loops, or too few before it): the others
+        # run parallel, it stays one loop (a split by lanes would add a tail check per vector).
         sch.parallel(sch.fuse(*loops[:-1]))
         return sch
     fused = sch.fuse(*loops)
