@@ -617,3 +617,36 @@ def test_copy_chains_become_one_function_per_consumer_and_match_numpy():
             norm * np.linspace(0.5, 1.5, 30) + np.linspace(0.5, 1.5, 30)]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("init, padded", [(0.0, True), (1.5, False)])
+def test_a_row_sum_is_padded_only_where_its_init_is_the_identity(init, padded):
+    """`guarded.pad_reductions` folds the init in once per padded element: right for a sum
+    starting at 0, wrong for one starting at a bias (counted once per padding element), which
+    is left as it is; run at lengths off the lanes either way."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from tsl.schedules.guarded import pad_reductions
+
+    @T.prim_func(s_tir=True)
+    def row_sum(a: T.handle, b: T.handle):
+        n = T.int64()
+        A = T.match_buffer(a, (T.int64(4), n), "float32")
+        B = T.match_buffer(b, (T.int64(4),), "float32")
+        for i, k in T.grid(T.int64(4), n):
+            with T.sblock("sum"):
+                vi, vk = T.axis.remap("SR", [i, k])
+                with T.init():
+                    B[vi] = T.float32(init)
+                B[vi] = B[vi] + A[vi, vk]
+
+    func, names = pad_reductions(row_sum, lambda _: 16)
+    assert names == (["sum"] if padded else []), func.script()
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    rng = np.random.default_rng(3)
+    for n in (1, 5, 17, 40):
+        x = rng.standard_normal((4, n)).astype("float32")
+        out = tvm.runtime.tensor(np.zeros(4, "float32"))
+        lib["main"](tvm.runtime.tensor(x), out)
+        np.testing.assert_allclose(out.numpy(), x.sum(1) + init, rtol=1e-5, atol=1e-6)

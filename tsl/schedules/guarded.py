@@ -53,7 +53,8 @@ def pad_reductions(func, lanes_of):
 
 def _padded(realize, lanes_of):
     """The block of `realize` padded and guarded, or None where it is not one reduction
-    (`acc = op(acc, x)` with an init) over a symbolic innermost iterator bound to a loop."""
+    (`acc = op(acc, x)` with an init that `op` leaves unchanged: `_identity`) over a symbolic
+    innermost iterator bound to a loop."""
     import tvm_ffi
     from tvm import ir, s_tir, tirx
 
@@ -67,7 +68,7 @@ def _padded(realize, lanes_of):
     acc = tirx.BufferLoad(store.buffer, store.indices)
     op = store.value
     if not (isinstance(op, (tirx.Add, tirx.Max, tirx.Min, tirx.Mul))
-            and tvm_ffi.structural_equal(op.a, acc)):
+            and tvm_ffi.structural_equal(op.a, acc) and _identity(op, block.init.value)):
         return None
     k = last.var
     clamp = _substitute(k, tirx.min(k, n - 1))
@@ -82,6 +83,18 @@ def _padded(realize, lanes_of):
                         tirx.BufferStore(store.buffer, type(op)(op.a, guarded), store.indices),
                         block.init, block.alloc_buffers, block.match_buffers,
                         block.annotations)
+
+
+def _identity(op, init) -> bool:
+    """Whether `init` adds nothing when folded in again by `op`, as the padding's elements are:
+    any init of a max or min (the accumulator starts there and only moves away), 0 for a sum,
+    1 for a product (a sum whose init is a bias would count it once per padded element)."""
+    from tvm import tirx
+
+    if isinstance(op, (tirx.Max, tirx.Min)):
+        return True
+    unit = 0 if isinstance(op, tirx.Add) else 1
+    return isinstance(init, (tirx.IntImm, tirx.FloatImm)) and init.value == unit
 
 
 def _substitute(var, value):
