@@ -71,6 +71,20 @@ def test_workers_follow_tsl_jobs_and_refuse_a_bad_value(monkeypatch):
         jobs.workers(8)
 
 
+def test_no_fork_in_a_process_that_loaded_jax(monkeypatch):
+    """JAX's runtime threads may hold locks at a fork (JAX warns of deadlocks): with JAX
+    loaded the searches stay in this process, whatever the cores; without, they may not."""
+    import sys
+    import types
+
+    monkeypatch.delenv(jobs.ENV, raising=False)
+    monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
+    monkeypatch.delitem(sys.modules, "jax", raising=False)
+    assert jobs.workers(8) == 4
+    monkeypatch.setitem(sys.modules, "jax", types.ModuleType("jax"))
+    assert jobs.workers(8) == 1 and jobs.mapped(abs, [-1, -2]) is None
+
+
 def test_a_map_runs_in_other_processes_and_keeps_the_order(monkeypatch):
     import os
 

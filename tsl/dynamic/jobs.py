@@ -9,13 +9,16 @@ gives the very schedules and model times a serial build gets (tests assert the t
 equal).
 
 `TSL_JOBS=<n>` caps the workers (1: everything in this process). Where fork is not
-available, or one worker would do, the searches run here.
+available, or one worker would do, the searches run here; and where this process has loaded
+JAX (the TPU back end), whose runtime threads may hold locks at the fork (JAX itself warns that
+a forked child may deadlock), they run here too.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import warnings
 from typing import Callable, Sequence
 
@@ -36,7 +39,7 @@ def workers(n: int) -> int:
             from ..errors import InputError
             raise InputError(f"{ENV}={cap!r}: give a positive number of processes")
         cores = min(cores, int(cap))
-    if "fork" not in multiprocessing.get_all_start_methods():
+    if "fork" not in multiprocessing.get_all_start_methods() or "jax" in sys.modules:
         return 1
     return max(1, min(n, cores))
 
