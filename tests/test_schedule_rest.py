@@ -7,6 +7,19 @@ from tsl.relax.schedule_rest import schedule_rest
 from tsl.schedules.vector import VectorFacts
 
 
+def _vector_scheduled(mod):
+    """The target and `mod` through the Relax pipeline's stages up to fusion and tsl's vector
+    rules: its functions as the pipeline schedules them, before lowering."""
+    import tvm
+
+    import tsl.relax
+
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        return tgt, tvm.transform.Sequential(tsl.relax._stages(tgt)[0]
+                                             + tsl.relax._vector_pass("cpu", tgt))(mod)
+
+
 def _add_relu_mod():
     from tvm.script import ir as I
     from tvm.script import tirx as T
@@ -156,9 +169,7 @@ def test_pipeline_vectorizes_relax_glue_and_matches_numpy():
             return z
 
     ex = tvm.compile(Mod, target=tsl.relax.tvm_target("cpu"), relax_pipeline=tsl.relax.pipeline("cpu"))
-    tgt = tsl.relax.tvm_target("cpu")
-    with tgt:
-        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(Mod)
+    tgt, fused = _vector_scheduled(Mod)
     prims = [f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     assert prims and all("tsl.vector" in f.attrs for f in prims)
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -244,10 +255,7 @@ def test_softmax_over_a_symbolic_row_is_vectorized_with_its_tail_peeled_and_corr
                 R.output(z)
             return z
 
-    tgt = tsl.relax.tvm_target("cpu")
-    with tgt:
-        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0]
-                                         + tsl.relax._vector_pass("cpu", tgt))(Mod)
+    tgt, fused = _vector_scheduled(Mod)
     f = next(f for gv, f in fused.functions.items()
              if isinstance(f, tirx.PrimFunc) and "softmax" in gv.name_hint)
     assert "T.vectorized" in f.script() and "pragma_loop_partition_hint" in f.script()
@@ -288,10 +296,7 @@ def test_symbolic_rows_are_computed_row_by_row_in_one_parallel_loop_and_correct(
                 R.output(r)
             return r
 
-    tgt = tsl.relax.tvm_target("cpu")
-    with tgt:
-        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0]
-                                         + tsl.relax._vector_pass("cpu", tgt))(Mod)
+    tgt, fused = _vector_scheduled(Mod)
     for name in ("fast_softmax", "layer_norm"):
         assert fused[name].script().count("T.parallel") == 1, fused[name].script()
     assert fused["fast_softmax"].script().count("T.if_then_else") == 2
@@ -330,9 +335,7 @@ def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
                 R.output(r)
             return r
 
-    tgt = tsl.relax.tvm_target("cpu")
-    with tgt:
-        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(Mod)
+    tgt, fused = _vector_scheduled(Mod)
     text = fused["fast_softmax"].script()   # exp is TVM's polynomial fast_exp: it vectorizes
     assert "_rf" in text and "T.exp" not in text   # the max and sum run in vector partial sums
     # every block inside one parallel loop over the rows (a row's intermediates stay in L1)
@@ -397,9 +400,7 @@ def test_window_rule_takes_depthwise_and_pooling_and_matches_pytorch(op, stride,
     import tsl.relax
 
     mod = _window_module(op, stride, size=size)
-    tgt = tsl.relax.tvm_target("cpu")
-    with tgt:
-        fused = tvm.transform.Sequential(tsl.relax._stages(tgt)[0] + tsl.relax._vector_pass("cpu", tgt))(mod)
+    tgt, fused = _vector_scheduled(mod)
     prims = [f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     # the window schedule: planes parallel, the accumulation a vector of output columns
     assert any("T.parallel" in f.script() and "_update" in f.script() for f in prims)
@@ -597,10 +598,7 @@ def test_copy_chains_become_one_function_per_consumer_and_match_numpy():
             out = bb.emit_output(relax.Tuple([q, k, op.add(e, e), op.multiply(e, e), s, n]))
         bb.emit_func_output(out)
     mod = bb.get()
-    tgt = tsl.relax.tvm_target("cpu")
-    with tgt:
-        done = tvm.transform.Sequential(tsl.relax._stages(tgt)[0]
-                                        + tsl.relax._vector_pass("cpu", tgt))(mod)
+    tgt, done = _vector_scheduled(mod)
     calls = re.findall(r"call_tir\((?:\w+\.)?(\w+), \((\w+)", done["main"].script())
     # q, k and e's exp from x directly; e's add and multiply; the sum and the norm
     assert sum(arg == "x" and "take" in name for name, arg in calls) == 3, calls
