@@ -64,6 +64,42 @@ def test_encoder_with_a_dynamic_sequence_compiles_once_and_runs_at_any_length():
         np.testing.assert_allclose(y, ref, atol=1e-4, rtol=1e-4)
 
 
+def _vm_functions(ex) -> dict:
+    """The VM executable's functions: name -> their instructions (`as_text`)."""
+    out, name = {}, None
+    for line in ex.as_text().splitlines():
+        if re.match(r"@[\w.<>]+:$", line):
+            name = line[1:-1]
+            out[name] = []
+        elif name and line.startswith("  "):
+            out[name].append(line.split()[0] if line.split() else "")
+    return out
+
+
+def test_the_encoder_s_gemm_sites_share_one_dispatch_at_the_entry():
+    """One branch on the sequence length, at the entry, into copies of the graph whose GEMM
+    calls call their kernels directly: no dispatch function per call site, and no If past
+    the entry (per site a chain of ~5 Ifs was ~40 VM instructions per GEMM call)."""
+    import tvm
+    from tvm import relax
+
+    model = _encoder()
+    ex = tvm.compile(_imported(model, UPPER), target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
+    funcs = _vm_functions(ex)
+    assert not [f for f in funcs if f.endswith("_dispatch")]
+    assert [f for f, body in funcs.items() if "If" in body] == ["main"]
+    copies = [f for f in funcs if re.fullmatch(r"main_v\d+", f)]
+    assert 1 < len(copies) <= UPPER
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for s in range(1, UPPER + 1):  # every copy runs at one of these
+        x = np.random.default_rng(s).standard_normal((1, s, 64)).astype("float32")
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x))[0].numpy(),
+                                   model(torch.from_numpy(x)).detach().numpy(),
+                                   atol=1e-4, rtol=1e-4)
+
+
 def test_a_linear_layer_s_kernels_keep_noalias_beside_the_vm_s_shape_functions():
     """The VM's shape function of a dynamic Linear has no `tirx.noalias`; with it in the
     module TVM tagged every kernel access with one TBAA type and LLVM kept the GEMMs'

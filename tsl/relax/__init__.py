@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from .imports import fold_batch_norm, import_passes
 from .layouts import layout_pass
+from .entry import one_dispatch
 from .quantize import quantize
 from .reshapes import injective_reshapes
 from .swap import Decision, Report, swap_pass
@@ -82,7 +83,7 @@ def pipeline(target, database=None, reports: list | None = None,
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.pipeline")
     def _pipeline(mod, _ctx):
         with tgt:
-            return tvm.transform.Sequential(before + swap + vector + after
+            return tvm.transform.Sequential(before + swap + vector + [one_dispatch()] + after
                                             + [_one_pointer_noalias()])(mod)
 
     return _pipeline

@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import InputError, TSLError
 from ..ops.operator import np_dtype
 from . import match as matching
+from .entry import DISPATCH_ATTR
 
 
 def symbols(func) -> list:
@@ -340,7 +341,8 @@ def _dispatch(bb, plan: Plan, call, name: str):
         if cond is None:
             return call(kn, False)
         return _if(bb, cond, lambda: call(kn, True), lambda: call(kn, False))
-    with bb.function(name, list(params.values()), private=True):
+    # Marked for `entry.one_dispatch`, which replaces the graph's sites' dispatch by one.
+    with bb.function(name, list(params.values()), private=True, attrs={DISPATCH_ATTR: 1}):
         gv = bb.emit_func_output(_chain(bb, list(plan.art.table.ranges), run, v))
     return gv, [a for i, a in enumerate(args) if i not in consts]
 
