@@ -27,7 +27,8 @@ import numpy as np
 # entry function again through TVM's memory planning and VM code generation.
 MAX_COPIES = 96
 
-DISPATCH_ATTR = "tsl.dispatch"
+# The attribute that marks a dispatch function (`tsl.relax.symbolic`): its symbol's bound.
+DISPATCH_ATTR = "tsl.dispatch_upper"
 
 
 def one_dispatch():
@@ -74,40 +75,46 @@ def _specialize(mod, gv, f):
 
 
 def _sites(mod, f) -> list:
-    """(dispatch GlobalVar, its function, its leaves' GlobalVars) of every dispatch function
-    `f` calls, in order of first call."""
+    """(dispatch GlobalVar, its function, [] for its leaves' GlobalVars, its calls) of every
+    dispatch function `f` calls, in order of first call."""
     import tvm_ffi
     from tvm import relax
 
-    out, seen = [], set()
+    out = {}
 
     def on_call(c):
         op = c.op
-        if isinstance(op, relax.GlobalVar) and op.name_hint not in seen:
-            callee = mod[op] if op in mod.functions else None
+        if isinstance(op, relax.GlobalVar) and op in mod.functions:
+            callee = mod[op]
             if (isinstance(callee, relax.Function) and callee.attrs
                     and DISPATCH_ATTR in callee.attrs):
-                seen.add(op.name_hint)
-                out.append((op, callee, []))
+                out.setdefault(op.name_hint, (op, callee, [], []))[3].append(c)
     tvm_ffi.structural_walk(f.body, [(relax.Call, on_call)], order="pre")
-    return out
+    return list(out.values())
 
 
 def _symbol(f, sites) -> tuple:
-    """`f`'s symbolic var that every site's symbol is, and the values 1..its bound."""
+    """`f`'s symbolic var, which every site passes as its dispatch function's symbol, and
+    the values 1..the smallest of the sites' bounds (their families are built up to it)."""
     from tvm import tirx
 
     from .symbolic import symbols
 
     vs = symbols(f)
-    bound = (f.attrs or {}).get("tir_var_upper_bound", {})
-    if len(vs) != 1 or str(vs[0].name) not in bound:
-        raise _Unsupported("one bounded symbol")
-    for _, d, _ in sites:
+    if len(vs) != 1:
+        raise _Unsupported("one symbol")
+    for _, d, _, calls in sites:
         inner = symbols(d)
-        if len(inner) != 1 or not all(isinstance(x, tirx.Var) for x in inner):
+        if len(inner) != 1:
             raise _Unsupported("one symbol per dispatch function")
-    return vs[0], np.arange(1, int(bound[str(vs[0].name)]) + 1, dtype=np.int64)
+        for c in calls:  # a site whose symbol is 2 * s (say) is not s's choice
+            for p, a in zip(d.params, c.args):
+                for dp, da in zip(p.ty.shape, a.ty.shape):
+                    if (isinstance(dp, tirx.Var) and dp.same_as(inner[0])
+                            and not da.same_as(vs[0])):
+                        raise _Unsupported(f"a site whose symbol is {da}")
+    bound = min(int(d.attrs[DISPATCH_ATTR]) for _, d, _, _ in sites)
+    return vs[0], np.arange(1, bound + 1, dtype=np.int64)
 
 
 def _choices(mod, sites, var, values) -> tuple:
@@ -119,7 +126,7 @@ def _choices(mod, sites, var, values) -> tuple:
     from .symbolic import symbols
 
     choice, conds = [], {}
-    for _, d, leaves in sites:
+    for _, d, leaves, _ in sites:
         v = symbols(d)[0]
         on_var = [(tirx.Var, lambda x, v=v: var if x.same_as(v) else x)]
 

@@ -16,7 +16,8 @@ function becomes a call of a private Relax function
 
 so the graph compiles once and runs at any `s` up to the bound. Where `s` is whole blocks of
 the kernel (or a per-rung kernel's own value) the kernel takes x and gives y as they are, no
-pad and crop copies (`_exact`).
+pad and crop copies (`_exact`). After the graph's other functions are scheduled,
+`entry.one_dispatch` replaces the sites' dispatch functions by one branch at the graph's entry.
 """
 
 from __future__ import annotations
@@ -342,7 +343,7 @@ def _dispatch(bb, plan: Plan, call, name: str):
             return call(kn, False)
         return _if(bb, cond, lambda: call(kn, True), lambda: call(kn, False))
     # Marked for `entry.one_dispatch`, which replaces the graph's sites' dispatch by one.
-    with bb.function(name, list(params.values()), private=True, attrs={DISPATCH_ATTR: 1}):
+    with bb.function(name, list(params.values()), private=True, attrs={DISPATCH_ATTR: upper}):
         gv = bb.emit_func_output(_chain(bb, list(plan.art.table.ranges), run, v))
     return gv, [a for i, a in enumerate(args) if i not in consts]
 
