@@ -100,6 +100,34 @@ def test_the_encoder_s_gemm_sites_share_one_dispatch_at_the_entry():
                                    atol=1e-4, rtol=1e-4)
 
 
+def test_a_graph_over_the_copies_cap_keeps_its_per_site_dispatch(monkeypatch):
+    """Past `entry.MAX_COPIES` the graph is left with a dispatch function per site, and runs
+    right at every length."""
+    import tvm
+    import tvm.relax.frontend.torch as frontend
+    from tvm import relax
+
+    from tsl.relax import entry
+
+    monkeypatch.setattr(entry, "MAX_COPIES", 1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU()).eval()
+    ep = torch.export.export(model, (torch.randn(1, 5, 64),), dynamic_shapes=(
+        {1: torch.export.Dim("seq", min=1, max=UPPER)},))
+    ex = tvm.compile(frontend.from_exported_program(ep, keep_params_as_input=False),
+                     target=tsl.relax.tvm_target("cpu"), relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
+    funcs = _vm_functions(ex)
+    assert [f for f in funcs if f.endswith("_dispatch")] and "If" not in funcs["main"]
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for s in range(1, UPPER + 1):
+        x = np.random.default_rng(s).standard_normal((1, s, 64)).astype("float32")
+        y = vm["main"](tvm.runtime.tensor(x))
+        np.testing.assert_allclose((y if hasattr(y, "numpy") else y[0]).numpy(),
+                                   model(torch.from_numpy(x)).detach().numpy(),
+                                   atol=1e-4, rtol=1e-4)
+
+
 def test_a_linear_layer_s_kernels_keep_noalias_beside_the_vm_s_shape_functions():
     """The VM's shape function of a dynamic Linear has no `tirx.noalias`; with it in the
     module TVM tagged every kernel access with one TBAA type and LLVM kept the GEMMs'
