@@ -39,11 +39,12 @@ def one_dispatch():
 
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.OneDispatch")
     def _pass(mod, _ctx):
+        out = mod
         for gv, f in list(mod.functions.items()):
             if (isinstance(f, relax.Function) and f.attrs
                     and "global_symbol" in f.attrs):
-                mod = _specialize(mod, gv, f)
-        return _drop_uncalled(mod)
+                out = _specialize(out, gv, f)
+        return mod if out is mod else _drop_uncalled(out)
 
     return _pass
 
@@ -249,8 +250,8 @@ def _without(mod, names: set):
 
 
 def _drop_uncalled(mod):
-    """`mod` without the dispatch functions no entry reaches any more, nor the private Relax
-    functions only they called."""
+    """`mod` without the private Relax functions nothing calls any more: the dispatch
+    functions the copies replaced, and the leaves no copy calls."""
     import tvm_ffi
     from tvm import relax
 
