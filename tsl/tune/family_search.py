@@ -315,23 +315,26 @@ class _Search:
 
     def _against(self, ref: tuple, f, frees) -> dict:
         """{value: seconds} of `f` timed call by call alternately with the reference kernel
-        `ref` (REPEAT calls each after WARMUP), read at the reference's level: the least of
-        f's calls over the least of ref's, times ref's first reading. The host's speed moved
-        by 1.6x between a tuning's rounds (benchmarks/README.md, tune42: the model's choice
-        of (128, 256] read 3.9-6.3 ms in round 1 of one tuning, 2.1-4.1 in another), so
-        readings made minutes apart are compared as ratios within one alternated run; and
-        between f's calls the L3 holds the reference's own copy of the weights, as between
-        a model's kernels, not f's alone."""
+        `ref` (REPEAT calls each after WARMUP), read at the reference's level: the median of
+        the REPEAT ratios of f's call to the reference's call before it, times ref's first
+        reading (the ratio of the least of each read one candidate 0.67x its neighbours at
+        one sample). The host's speed moved by 1.6x between a tuning's rounds
+        (benchmarks/README.md, tune42: the model's choice of (128, 256] read 3.9-6.3 ms in
+        round 1 of one tuning, 2.1-4.1 in another), so readings made minutes apart are
+        compared as ratios within one alternated run; and between f's calls the L3 holds
+        the reference's own copy of the weights, as between a model's kernels, not f's
+        alone."""
         g, gfrees, level = ref
         got = {}
         for v, xs in frees.items():
             call_times(lambda: g(*gfrees[v]), 0, WARMUP)
             call_times(lambda: f(*xs), 0, WARMUP)
-            ts: tuple[list, list] = ([], [])
+            ratios = []
             for _ in range(REPEAT):
-                ts[0].extend(call_times(lambda: g(*gfrees[v]), 1, 0))
-                ts[1].extend(call_times(lambda: f(*xs), 1, 0))
-            got[v] = min(ts[1]) / min(ts[0]) * level[v]
+                (r,) = call_times(lambda: g(*gfrees[v]), 1, 0)
+                (t,) = call_times(lambda: f(*xs), 1, 0)
+                ratios.append(t / r)
+            got[v] = float(np.median(ratios)) * level[v]
         return got
 
     def _reference(self, r: _Range) -> tuple | None:
