@@ -6,8 +6,9 @@ range's smallest sample value, then timed (bound, per call, the best of a few) a
 range's sample values -- one compile serves every sample, as the built kernel serves every
 value. A range's first kernel is its reference: every later candidate is timed call by call
 alternately with it and read as the ratio of the two at the reference's first reading
-(`_Search._against`), so readings made minutes apart on a shared host compare. Round one measures, per range, the cost model's own choice (what an untuned build
-runs); each later round one more candidate per range: the one predicted to take most time
+(`_Search._against`), so readings made minutes apart on a shared host compare. Round one
+measures, per range, the cost model's own choice (what an untuned build runs); each later
+round one more candidate per range: the one predicted to take most time
 off the range's samples, each sample at the least measured there so far (a build runs a
 range's best and a second candidate where that is faster: `tsl.tune.family.second`), ties by
 the predicted total. A range's candidates are the model's best at its top and knobs drawn at
