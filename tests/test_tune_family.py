@@ -189,3 +189,46 @@ def test_candidates_are_timed_at_real_time_priority_under_the_lock(monkeypatch, 
     tune.tune(family(upper=2), "cpu", trials=2, schedule=mine,
               database=Database(tmp_path / "t.jsonl"))
     assert timed and all(t == {"realtime": 1, "exclusive": 1} for t in timed)
+
+
+def test_a_later_candidate_is_timed_alternately_with_the_range_s_first_and_read_at_its_level(
+        monkeypatch, tmp_path):
+    """The host slows down 2x between a range's two trials: the second candidate's calls
+    alternate with the first's (the reference's), and its reading is the ratio of the two
+    at the first's level (1.5 ms), not its slowed time (3 ms) against the first's 1 ms."""
+    from tsl.tune import family_search
+
+    calls, firsts, slow = [], {}, {"x": 1}
+    real_bound = family_search._Search._bound
+
+    def bound(self, s, pts):
+        f, frees, err = real_bound(self, s, pts)
+        tag = (pts[-1], knobs_key(s.knob_values))  # (the range's top, the candidate)
+        firsts.setdefault(pts[-1], tag)
+
+        def tagged(*xs):
+            calls.append(tag)
+            return f(*xs)
+        return tagged, frees, err
+
+    def call_times(fn, repeat, warmup=0):
+        for _ in range(max(1, warmup)):
+            fn()
+        # a range's first kernel reads 1 ms, the others 1.5 ms; all twice that when slow
+        t = (1e-3 if calls[-1] in firsts.values() else 1.5e-3) * slow["x"]
+        return [t] * repeat
+    monkeypatch.setattr(family_search._Search, "_bound", bound)
+    monkeypatch.setattr(family_search, "call_times", call_times)
+    db = Database(tmp_path / "t.jsonl")
+    res = tune.tune(family(upper=2), "cpu", trials=4, schedule=mine, database=db,
+                    progress=lambda _: slow.update(x=2))
+    seconds = {(r.knobs["top"], knobs_key(r.knobs["knobs"])): r.seconds for r in db.records()}
+    assert len(seconds) == 4 and set(firsts.values()) <= set(seconds)
+    assert all(t == pytest.approx(1e-3 if k in firsts.values() else 1.5e-3)
+               for k, t in seconds.items())
+    for top in (1, 2):
+        later = next(k for k in seconds if k[0] == top and k != firsts[top])
+        timed = [c for c in calls if c[0] == top]
+        # the later one's calls alternate with the reference's (after the warm-up of each)
+        assert timed[-2 * family_search.REPEAT:] == [firsts[top], later] * family_search.REPEAT
+        assert res.seconds[top] == pytest.approx(1e-3)

@@ -4,8 +4,11 @@ A trial is one candidate for one range (lo, hi] of the build (`tsl.tune.family.r
 its kernel with run-time rows compiled once (recorded at hi), checked against NumPy at the
 range's smallest sample value, then timed (bound, per call, the best of a few) at each of the
 range's sample values -- one compile serves every sample, as the built kernel serves every
-value. Round one measures, per range, the cost model's own choice (what an untuned build
-runs); each later round one more candidate per range: the one predicted to take most time
+value. A range's first kernel is its reference: every later candidate is timed call by call
+alternately with it and read as the ratio of the two at the reference's first reading
+(`_Search._against`), so readings made minutes apart on a shared host compare. Round one
+measures, per range, the cost model's own choice (what an untuned build runs); each later
+round one more candidate per range: the one predicted to take most time
 off the range's samples, each sample at the least measured there so far (a build runs a
 range's best and a second candidate where that is faster: `tsl.tune.family.second`), ties by
 the predicted total. A range's candidates are the model's best at its top and knobs drawn at
@@ -148,6 +151,7 @@ class _Range:
         self.cands: list = []  # schedules recorded at hi
         self.known: dict[str, int] = {}
         self.done: dict[int, Measured] = {}
+        self.ref: tuple | None = None  # (bound kernel, free inputs, first reading): `_time`
 
     def add(self, s) -> int:
         k = knobs_key(s.knob_values)
@@ -274,7 +278,7 @@ class _Search:
         s = r.cands[i]
         got = Measured(r.hi, dict(s.knob_values))
         try:
-            got.seconds, got.error = self._time(s, r.pts)
+            got.seconds, got.error = self._time(r, s)
         except BackendUnavailable:
             raise
         except TSLError as e:
@@ -290,18 +294,62 @@ class _Search:
             self.db.add(make_record(self.key, {"knobs": got.knobs, "top": r.hi, "value": v},
                                     t, "seconds", t, got.error))
 
-    def _time(self, s, pts) -> tuple[dict, str | None]:
-        """The kernel compiled from `s`, checked at pts[0], timed at each value."""
-        f, frees, err = self._bound(s, pts)
+    def _time(self, r: _Range, s) -> tuple[dict, str | None]:
+        """The kernel compiled from `s`, checked at r.pts[0], timed at each value: the range's
+        first kernel back to back (it becomes the range's reference), every later one
+        alternately with the reference (`_against`)."""
+        f, frees, err = self._bound(s, r.pts)
         if err:
             return {}, err
+        ref = self._reference(r)
         # The timing lock, when one is set, and real-time priority, when asked for
         # (`tsl.timing`), as the static tuner's runner times: at ordinary priority on a
         # shared host the same kernel read 3-10x apart between candidates (benchmarks/README.md,
         # dyn40), and a range kept whichever the others' builds preempted least.
         with exclusive(), realtime():
-            return {v: min(call_times(lambda: f(*xs), REPEAT, WARMUP))
-                    for v, xs in frees.items()}, None
+            if ref is not None:
+                return self._against(ref, f, frees), None
+            got = {v: min(call_times(lambda: f(*xs), REPEAT, WARMUP))
+                   for v, xs in frees.items()}
+        r.ref = (f, frees, got)
+        return got, None
+
+    def _against(self, ref: tuple, f, frees) -> dict:
+        """{value: seconds} of `f` timed call by call alternately with the reference kernel
+        `ref` (REPEAT calls each after WARMUP), read at the reference's level: the median of
+        the REPEAT ratios of f's call to the reference's call before it, times ref's first
+        reading (the ratio of the least of each read one candidate 0.67x its neighbours at
+        one sample). The host's speed moved by 1.6x between a tuning's rounds
+        (benchmarks/README.md, tune42: the model's choice of (128, 256] read 3.9-6.3 ms in
+        round 1 of one tuning, 2.1-4.1 in another), so readings made minutes apart are
+        compared as ratios within one alternated run; and between f's calls the L3 holds
+        the reference's own copy of the weights, as between a model's kernels, not f's
+        alone."""
+        g, gfrees, level = ref
+        got = {}
+        for v, xs in frees.items():
+            call_times(lambda: g(*gfrees[v]), 0, WARMUP)
+            call_times(lambda: f(*xs), 0, WARMUP)
+            ratios = []
+            for _ in range(REPEAT):
+                (r,) = call_times(lambda: g(*gfrees[v]), 1, 0)
+                (t,) = call_times(lambda: f(*xs), 1, 0)
+                ratios.append(t / r)
+            got[v] = float(np.median(ratios)) * level[v]
+        return got
+
+    def _reference(self, r: _Range) -> tuple | None:
+        """The range's reference kernel (bound, its free inputs, its first reading): its
+        first candidate measured without error, compiled again after a resume; None before
+        there is one."""
+        if r.ref is None:
+            for i, m in r.done.items():
+                if m.error is None and m.total(r.pts) is not None:
+                    f, frees, err = self._bound(r.cands[i], r.pts)
+                    if err is None:
+                        r.ref = (f, frees, dict(m.seconds))
+                        break
+        return r.ref
 
     def _bound(self, s, pts) -> tuple:
         """(`s`'s kernel compiled, checked at pts[0] and bound, its free inputs per value,
