@@ -90,7 +90,9 @@ def _plannable(func) -> list:
 
 def _operators(call):
     """The tsl conv2d of `call` as (NCHW, NHWC) operators, None when it is not one tsl's
-    conv2d takes (grouped, computed weights, uneven padding or strides, symbolic shapes)."""
+    conv2d takes (grouped, computed weights, uneven padding or strides, symbolic shapes) or
+    not a float conv of one dtype throughout (a quantized graph keeps the layout its
+    requantize chains are matched in)."""
     from tvm.ir.expr import Constant
 
     from ..errors import TSLError
@@ -100,6 +102,9 @@ def _operators(call):
     if not isinstance(call.args[1], Constant) or int(a.groups) != 1 or (
             str(a.data_layout), str(a.kernel_layout), str(a.out_layout) or "NCHW") != (
                 "NCHW", "OIHW", "NCHW"):
+        return None
+    dtypes = {str(e.ty.dtype) for e in (call, *call.args)}
+    if len(dtypes) != 1 or not dtypes.pop().startswith("float"):
         return None
     pad, st, dil = ({int(v) for v in x} for x in (a.padding, a.strides, a.dilation))
     if len(pad) != 1 or len(st) != 1 or len(dil) != 1:
@@ -123,7 +128,7 @@ def _seconds(op, machine) -> float:
 
 def _converted(mod, weights: list):
     """`mod` with the convs whose weights are in `weights` NHWC (HWIO) and the rest NCHW,
-    ConvertLayout's conversions in between (the weights' own left to FoldConstant)."""
+    ConvertLayout's conversions in between (the weights' own: `_permuted_constants`)."""
     from tvm import relax
 
     def wanted(call):
