@@ -147,6 +147,12 @@ class Backend(ABC):
         none: the artifact `tsl.build` makes is what the model calls)."""
         return {}
 
+    def relax_layouts(self, machine: Machine) -> tuple:
+        """The activation layouts this back end's conv kernels may exchange inside a Relax
+        model, the first the graph's own (`tsl.relax.channels_last` plans the others where
+        the cost model says so). By default only NCHW: nothing is planned."""
+        return ("NCHW",)
+
     def relax_tir_pipeline(self, machine: Machine) -> str:
         """The name of the TIR pipeline `tvm.compile` lowers a Relax model's functions with for
         `machine` (its `tir_pipeline`): TVM's default, unless the back end registers its own

@@ -365,7 +365,8 @@ def format_profile(row, top: int = 12) -> str:
     rules = row.get("profile_rules") or {}
 
     def kind(name):
-        return "tsl" if name.endswith("_tsl") else "win" if rules.get(name) == "window" else "tvm"
+        window = rules.get(name) in ("window", "channels_window")   # NCHW or NHWC windows
+        return "tsl" if name.endswith("_tsl") else "win" if window else "tvm"
 
     ms = {k: sum(v for n, v in prof.items() if kind(n) == k) for k in ("tsl", "win", "tvm")}
     lines = [f"{row['model']} ({row['frontend']}): {total:.2f} ms in VM calls, each function's "

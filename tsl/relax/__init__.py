@@ -6,7 +6,9 @@
     print(tsl.relax.report(mod, "cpu"))
 
 `pipeline(target)` is TVM's default Relax pipeline for the target, with the imported graph's
-batch norms folded into its convs first (`tsl.relax.imports`), and one pass added right after
+batch norms folded into its convs first (`tsl.relax.imports`), a prefix of its convs made
+channels-last where the cost model prices that lower, conversions included
+(`tsl.relax.channels_last`, on back ends offering NHWC), and one pass added right after
 operator fusion: every fused PrimFunc that computes a matmul / linear / batch matmul /
 conv2d (with the bias add, relu and requantize after it) is recognized from its blocks
 (`tsl.relax.match`), built with tsl's schedule for the target's machine (or the best record of
@@ -25,6 +27,7 @@ which layers go to the machine and why the rest stays on the CPU, and
 
 from __future__ import annotations
 
+from .channels_last import channels_last_pass
 from .imports import fold_batch_norm, import_passes
 from .layouts import layout_pass
 from .entry import one_dispatch
@@ -35,8 +38,9 @@ from .targets import machine_for, tir_pipeline, tvm_target
 from .vta_run import run_vta
 
 
-def _stages(tvm_tgt):
-    """TVM's default Relax pipeline for `tvm_tgt`, as (before fusion ends, after) pass lists."""
+def _stages(tvm_tgt, machine=None):
+    """TVM's default Relax pipeline for `tvm_tgt`, as (before fusion ends, after) pass lists;
+    with `machine`, the graph's layout plan for it (`channels_last`) after the import passes."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu
     from tvm.relax.backend.cuda import pipeline as cuda
 
@@ -53,7 +57,9 @@ def _stages(tvm_tgt):
                          if "AnnotateTIROpPattern" in str(p.info.name))
     legal = legal[:annotated] + [injective_reshapes()] + legal[annotated:]
     fuse_end += 1
-    return (import_passes() + fast + be.library_dispatch_passes(tvm_tgt) + legal[:fuse_end],
+    plan = [] if machine is None else [channels_last_pass(machine)]
+    return (import_passes() + plan + fast + be.library_dispatch_passes(tvm_tgt)
+            + legal[:fuse_end],
             legal[fuse_end:] + be.dataflow_lower_passes(tvm_tgt) + be.finalize_passes(tvm_tgt))
 
 
@@ -76,7 +82,7 @@ def pipeline(target, database=None, reports: list | None = None,
 
         return offload_pipeline(offload, reports=reports)
     tgt = tvm_target(target)
-    before, after = _stages(tgt)
+    before, after = _stages(tgt, machine_for(target))
     swap = [swap_pass(target, database, reports, upper_bounds), layout_pass()]
     vector = _vector_pass(target, tgt)
 
@@ -155,7 +161,7 @@ def report(mod, target, database=None, upper_bounds: dict | None = None) -> Repo
 
         return offload_report(mod, offload)
     tgt = tvm_target(target)
-    before, _ = _stages(tgt)
+    before, _ = _stages(tgt, machine_for(target))
     with tgt:
         fused = tvm.transform.Sequential(before)(mod)
     rep = plan(fused, machine_for(target), database, upper_bounds)[1]

@@ -75,16 +75,17 @@ def unscheduled(mod, target) -> list[tuple[str, str]]:
 
 def rest_schedules(mod, target) -> dict[str, tuple[str | None, str]]:
     """function -> (rule, note) for every PrimFunc of `mod` after TVM's legalization and fusion
-    (run on a copy): on CPU targets the tsl vector rule that takes it, on CUDA targets the dlight
-    GPU rule TVM's CUDA pipeline applies (its result checked to be bound to GPU threads). A rule
-    of None: nothing takes the function, the note says why."""
+    (run on a copy, the graph's layouts planned for `target`): on CPU targets the tsl vector
+    rule that takes it, on CUDA targets the dlight GPU rule TVM's CUDA pipeline applies (its
+    result checked to be bound to GPU threads). A rule of None: nothing takes the function,
+    the note says why."""
     import tvm
 
-    from . import _stages, tvm_target
+    from . import _stages, machine_for, tvm_target
 
     tgt = tvm_target(target)
     with tgt:
-        fused = tvm.transform.Sequential(_stages(tgt)[0])(mod)
+        fused = tvm.transform.Sequential(_stages(tgt, machine_for(target))[0])(mod)
     prims = [(gv.name_hint, f) for gv, f in fused.functions.items()
              if isinstance(f, tvm.tirx.PrimFunc)]
     if tgt.kind.name == "cuda":

@@ -5,12 +5,15 @@ per vector register for the output dtype, `cores`), returns a scheduled `s_tir.S
 when the function is not of its kind. Names no back end: the facts come from the back end hook.
 
 Rules (so far):
+- `transpose` (tsl.schedules.transpose): one copy swapping two runs of axes (a layout
+  conversion, NCHW <-> NHWC): tiles of lanes x lanes, or the input's rows in vectors.
 - `injective`: spatial blocks only (element-wise / broadcast / layout glue, fused chains of them:
   the producers are inlined into the last block). Its loops are fused,
   split into (cores-parallel outer, lanes-vectorized inner), like TVM's `parallel` + `vectorize`.
 - `window` (tsl.schedules.window): one sliding-window reduction (depthwise / grouped conv2d,
   max / avg pooling) with its padding and epilogue: (n, c) planes parallel, output columns in
-  vectors.
+  vectors. `channels_window` (same module): a window over channels-last data (an NHWC
+  max-pool): rows parallel, a vector of channels reduced over the window in registers.
 - `rowwise`: blocks with reductions (softmax, layer_norm, mean, global pooling): all blocks
   computed row by row inside one parallel loop over the rows of the last block (single-consumer
   element-wise blocks inlined), reductions along the contiguous axis in lanes partial sums,
@@ -26,7 +29,8 @@ from dataclasses import dataclass
 
 from .guarded import pad_reductions
 from .tir_blocks import dtype_bits, root_blocks, spatial_only
-from .window import window
+from .transpose import transpose
+from .window import channels_window, window
 
 
 @dataclass(frozen=True)
@@ -332,4 +336,4 @@ def _unchecked_partials(sch, rf):
     sch.annotate(outer, "pragma_loop_partition_hint", 1)
 
 
-RULES = (injective, window, rowwise)
+RULES = (transpose, injective, window, channels_window, rowwise)

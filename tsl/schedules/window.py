@@ -295,3 +295,67 @@ def _fill_by_phase(sch, cols, phase):
     sch.reorder(phase, cols)
     if _const_above(sch.get(cols).extent, 0):
         sch.vectorize(cols)
+
+
+def channels_window(func, facts):
+    """Schedule a sliding-window reduction over a channels-last tensor (an NHWC max / avg
+    pooling): the output's innermost axis is the channel, read at the same index, and the window
+    slides over axes further out, so `window`'s column vectors would be gathers. Here the
+    channels are the vector: the producers (the padding) are inlined, whose bound check then
+    holds for a whole vector of channels; rows run parallel over the cores, and per output
+    pixel each vector of channels is reduced over the window in registers. None when `func` is
+    not one (or its channels are not whole vectors), or TVM refuses a step."""
+    from tvm import s_tir
+    from tvm.s_tir.schedule import ScheduleError
+
+    from .tir_blocks import dtype_bits, root_blocks, spatial_only
+
+    sch = s_tir.Schedule(func)
+    blocks = root_blocks(sch)
+    reds = [b for b in blocks if not spatial_only(sch, b)]
+    if len(reds) != 1 or not _channels_inner(sch.get(reds[0])):
+        return None
+    red = reds[0]
+    lanes = facts.lanes(dtype_bits(sch.get(red).writes[0].source.dtype))
+    try:
+        for b in blocks[:blocks.index(red)]:
+            sch.compute_inline(b)
+        for b in blocks[blocks.index(red) + 1:]:
+            sch.reverse_compute_inline(b)
+        kinds = [iv.iter_type for iv in sch.get(red).iter_vars]
+        loops = sch.get_loops(red)
+        n_sp = kinds.index(2)
+        if len(loops) != len(kinds) or n_sp < 3 or any(k != 2 for k in kinds[n_sp:]) \
+                or int(sch.get(loops[n_sp - 1]).extent) % lanes:
+            return None
+        c_o, c_i = sch.split(loops[n_sp - 1], factors=[None, lanes])
+        sch.reorder(*loops[:n_sp - 1], c_o, *loops[n_sp:], c_i)
+        sch.parallel(sch.fuse(*loops[:n_sp - 2]))   # the rows; the columns stay serial
+        sch.vectorize(c_i)   # before the init is split off: TVM checks a complete reduction
+        for lp in loops[n_sp:]:   # the window unrolled: the vector stays in a register
+            if _const_above(sch.get(lp).extent, 0) and sch.get(lp).extent.value <= UNROLL:
+                sch.unroll(lp)
+        sch.decompose_reduction(red, loops[n_sp])
+    except ScheduleError:
+        return None
+    return sch
+
+
+def _channels_inner(block) -> bool:
+    """The output's innermost index is a spatial iter var (extent > 1) that is the innermost
+    index of every other read too, and the reduction vars index the reads elsewhere: a window
+    over channels-last data."""
+    from tvm import tirx
+
+    if not block.writes[0].region:
+        return False
+    last = block.writes[0].region[-1].min
+    iv = next((v for v in block.iter_vars if v.var.same_as(last)), None)
+    if not isinstance(last, tirx.Var) or iv is None or iv.iter_type != 0 \
+            or not _const_above(iv.dom.extent, 1):
+        return False
+    out = block.writes[0].source
+    window = [v.var for v in block.iter_vars if v.iter_type != 0]
+    reads = [r for r in block.reads if not r.source.same_as(out) and r.region]
+    return bool(reads) and all(r.region[-1].min.same_as(last) for r in reads) and any(
+        _uses(e.min, rv) for r in reads for e in r.region[:-1] for rv in window)

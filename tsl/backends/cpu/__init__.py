@@ -51,6 +51,11 @@ class CPUBackend(Backend):
                            codegen.compile_module(ctx.sch.mod, schedule.machine, options.cross),
                            options.cross)
 
+    def relax_layouts(self, machine) -> tuple:
+        """NCHW, and NHWC: the conv kernel with channels on the vector lanes stores an NHWC
+        tile as it is, where NCHW transposes it at the store (benchmarks/README.md "nhwc42")."""
+        return ("NCHW", "NHWC")
+
     def relax_tir_pipeline(self, machine) -> str:
         """tsl's CPU pipeline (`codegen.PIPELINE`): TVM's default plus the accumulator tiles on
         the stack and the weight prefetch of `lowering._prefetch_weights`; under TVM's default

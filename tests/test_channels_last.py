@@ -1,0 +1,221 @@
+"""The graph's layout plan (`tsl.relax.channels_last`) and the vector rules for what it adds:
+channels-last pooling and the NCHW <-> NHWC conversions."""
+
+import numpy as np
+import pytest
+
+import tsl.relax
+from tsl.schedules.vector import VectorFacts
+
+torch = pytest.importorskip("torch", reason="the references and the imported model need PyTorch")
+
+
+class _Stem(torch.nn.Module):
+    """ResNet's start at 64 x 64: a 7x7 stride-2 stem conv-BN-relu, a max-pool, one residual
+    block of 3x3 conv-BN pairs, then global pooling and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(64, 64, 3, 1, 1, bias=False)
+                                         for _ in range(2))
+        self.bns = torch.nn.ModuleList(torch.nn.BatchNorm2d(64) for _ in range(3))
+        self.fc = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bns[0](self.stem(x)))
+        x = torch.nn.functional.max_pool2d(x, 3, 2, 1)
+        y = torch.relu(self.bns[1](self.convs[0](x)))
+        x = torch.relu(self.bns[2](self.convs[1](y)) + x)
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def _model_and_input():
+    torch.manual_seed(0)
+    model = _Stem()
+    for bn in model.bns:  # statistics to fold that are not the identity
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.data.uniform_(0.5, 1.5)
+        bn.bias.data.uniform_(-0.5, 0.5)
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 64, 64)).astype("float32")
+    return model.eval(), x
+
+
+def _imported(model, x):
+    from tvm.relax.frontend.torch import from_exported_program
+
+    with torch.no_grad():
+        ep = torch.export.export(model, (torch.from_numpy(x),))
+    return from_exported_program(ep, keep_params_as_input=False)
+
+
+def _activation_permutes(func) -> list:
+    """The `permute_dims` calls of `func` on activations (not constants)."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+    from tvm.ir.expr import Constant
+
+    perm, found = tvm.ir.Op.get("relax.permute_dims"), []
+    tvm_ffi.structural_walk(func.body, [(relax.Call, lambda c: found.append(c) if (
+        c.op.same_as(perm) and not isinstance(c.args[0], Constant)) else None)], order="pre")
+    return found
+
+
+def test_a_residual_cnn_runs_channels_last_with_one_conversion_at_entry_and_exit():
+    """On the AVX-512 machine file (any host: the plan is the model's, nothing is measured) the
+    model prices every conv of the stem CNN enough cheaper in NHWC to pay the conversions: all
+    of them are planned channels-last, the input converted once at the entry and the pooled
+    (1, 1, 1, 64) result once at the exit; the max-pool between follows the layout."""
+    import tvm
+
+    from tsl.relax.channels_last import plan
+    from tsl.tam import load
+
+    model, x = _model_and_input()
+    with tsl.relax.tvm_target("cpu"):
+        mod = tvm.transform.Sequential(tsl.relax.import_passes())(_imported(model, x))
+    planned, k = plan(mod, load("x86-avx512"))
+    assert k == 3
+    text = planned["main"].script()
+    assert text.count('data_layout="NHWC"') == 3 and 'layout="NHWC"' in text  # the max-pool
+    perms = _activation_permutes(planned["main"])
+    assert len(perms) == 2
+    assert perms[0].args[0].same_as(planned["main"].params[0])
+    assert [int(d) for d in perms[1].args[0].ty.shape] == [1, 1, 1, 64]
+
+
+def test_the_planned_cnn_matches_pytorch_and_its_convs_read_nhwc():
+    """Through `tsl.relax.pipeline("cpu")` (the host's machine plans it): the fused conv
+    functions tsl takes read channels-last data wherever the plan says so, and the model's
+    result matches PyTorch's."""
+    import tvm
+    from tvm import relax
+
+    from tsl.relax.channels_last import plan
+    from tsl.relax.targets import machine_for
+
+    model, x = _model_and_input()
+    mod = _imported(model, x)
+    with tsl.relax.tvm_target("cpu"):
+        k = plan(tvm.transform.Sequential(tsl.relax.import_passes())(mod),
+                 machine_for("cpu"))[1]
+    rep = tsl.relax.report(mod, "cpu")
+    assert len(rep.taken) == 4 and not rep.left  # 3 convs and the linear head
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    got = (out[0] if not hasattr(out, "numpy") else out).numpy()
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    tgt = tsl.relax.tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(tsl.relax._stages(tgt, machine_for("cpu"))[0])(mod)
+    convs = [f for gv, f in fused.functions.items() if gv.name_hint.startswith("fused_conv2d")]
+    shapes = [[int(d) for d in f.params[0].ty.shape] for f in convs]  # the data's
+    assert sum(s[1] == s[2] != s[3] for s in shapes) == k  # (1, H, W, C): channels-last
+
+
+def test_a_conv_the_model_prices_alike_in_both_layouts_keeps_the_graph_nchw():
+    """512 x 7 x 7 3x3 convs (ResNet-18's last stage: the model's two layouts within 1%):
+    no conversion is planned, the module is returned as it was."""
+    from tvm import relax
+
+    from tsl.relax.channels_last import plan
+    from tsl.tam import load
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 512, 7, 7), "float32"))
+    w = relax.const(np.random.default_rng(1).standard_normal((512, 512, 3, 3)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+            out = bb.emit_output(relax.op.nn.conv2d(y, w, padding=1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    planned, k = plan(mod, load("x86-avx512"))
+    assert k == 0 and planned.same_as(mod)
+    assert plan(mod, load("tensorcore-sm90"))[1] == 0  # a back end offering NCHW alone
+
+
+def _permute(shape, axes):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.permute_dims(x, axes))
+        bb.emit_func_output(out)
+    return relax.transform.LegalizeOps()(bb.get())
+
+
+@pytest.mark.parametrize("shape, axes, tiled", [
+    ((1, 12, 8, 32), (0, 3, 1, 2), True),     # NHWC -> NCHW, 32 channels x 96 pixels
+    ((1, 3, 20, 16), (0, 2, 3, 1), True),     # NCHW -> NHWC with 3 channels: input rows in vectors
+    ((1, 7, 5, 19), (0, 3, 1, 2), False),     # 35 pixels, 19 channels: not whole vectors
+    ((2, 16, 48), (0, 2, 1), True)])          # a batch of 2-D transposes
+@pytest.mark.parametrize("bits", [512, 256])
+def test_layout_conversions_are_tiled_transposes_and_match_numpy(shape, axes, tiled, bits):
+    """A permutation swapping two runs of axes is scheduled by `transpose` (tiles of lanes x
+    lanes, or the input's rows in vectors where the output's run is narrower than a vector)
+    where its runs divide into vectors; the others by `injective`. Both match NumPy."""
+    import tvm
+
+    from tsl.schedules.transpose import transpose
+    from tsl.schedules.vector import injective
+
+    mod = _permute(shape, axes)
+    gv = next(g for g, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc))
+    facts = VectorFacts(vector_bits=bits, cores=2)
+    sch = transpose(mod[gv], facts)
+    assert (sch is not None) == tiled
+    sch = sch or injective(mod[gv], facts)
+    kernel = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")})
+    x = np.random.default_rng(2).standard_normal(shape).astype("float32")
+    want = np.transpose(x, axes)
+    out = tvm.runtime.tensor(np.full(want.shape, np.nan, "float32"))
+    tvm.compile(kernel, target=tsl.relax.tvm_target("cpu"))(tvm.runtime.tensor(x), out)
+    np.testing.assert_array_equal(out.numpy(), want)
+
+
+def _pool(shape, op, stride):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    pool = relax.op.nn.max_pool2d if op == "max" else relax.op.nn.avg_pool2d
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(pool(x, 3, stride, 1, layout="NHWC"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("op, channels, rule", [("max", 32, "channels_window"),
+                                                ("max", 19, "rowwise"),
+                                                ("avg", 32, "rowwise")])
+@pytest.mark.parametrize("stride, size", [(1, 13), (2, 21)])
+def test_channels_last_max_pool_is_vectorized_over_channels_and_matches_pytorch(
+        op, channels, rule, stride, size):
+    """An NHWC max-pool whose channels are whole vectors: `channels_window` (rows parallel,
+    a vector of channels reduced over the window in registers); 19 channels, or an average
+    whose divide cannot join the reduction, stay `rowwise`'s. All match PyTorch."""
+    import tvm
+    from tvm import relax
+
+    from tsl.relax.schedule_rest import rest_schedules
+
+    mod = _pool((1, size, size, channels), op, stride)
+    assert rule in {r for r, _ in rest_schedules(mod, "cpu").values()}
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"))
+    x = np.random.default_rng(3).standard_normal((1, size, size, channels)).astype("float32")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    t = torch.from_numpy(x).permute(0, 3, 1, 2)
+    ref = (torch.nn.functional.max_pool2d(t, 3, stride, 1) if op == "max" else
+           torch.nn.functional.avg_pool2d(t, 3, stride, 1, count_include_pad=False))
+    np.testing.assert_allclose(got, ref.permute(0, 2, 3, 1).numpy(), rtol=1e-6, atol=1e-6)
