@@ -44,7 +44,9 @@ def one_dispatch():
             if (isinstance(f, relax.Function) and f.attrs
                     and "global_symbol" in f.attrs):
                 out = _specialize(out, gv, f)
-        return mod if out is mod else _drop_uncalled(out)
+        # The dispatch functions the copies replaced, the leaves no copy calls and the
+        # kernels only those called: TVM's dead-code pass drops what no public function reaches.
+        return mod if out is mod else relax.transform.DeadCodeElimination()(out)
 
     return _pass
 
@@ -247,25 +249,3 @@ def _without(mod, names: set):
 
     return tvm.IRModule({g: f for g, f in mod.functions.items() if g.name_hint not in names},
                         attrs=mod.attrs)
-
-
-def _drop_uncalled(mod):
-    """`mod` without the private Relax functions nothing calls any more: the dispatch
-    functions the copies replaced, and the leaves no copy calls."""
-    import tvm_ffi
-    from tvm import relax
-
-    while True:
-        called = set()
-
-        def on_gv(g):
-            called.add(g.name_hint)
-        for _, f in mod.functions.items():
-            if isinstance(f, relax.Function):
-                tvm_ffi.structural_walk(f.body, [(relax.GlobalVar, on_gv)], order="pre")
-        dead = [g for g, f in mod.functions.items()
-                if isinstance(f, relax.Function) and g.name_hint not in called
-                and not (f.attrs and "global_symbol" in f.attrs)]
-        if not dead:
-            return mod
-        mod = _without(mod, {g.name_hint for g in dead})
