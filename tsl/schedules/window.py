@@ -42,17 +42,14 @@ def window(func, facts):
     """Schedule a sliding-window reduction PrimFunc (see the module docstring); None when
     `func` is not one (no single reduction, or its output's innermost axis does not slide over
     the input's), or when TVM refuses a step (the next rule then gets it)."""
-    from tvm import s_tir
     from tvm.s_tir.schedule import ScheduleError
 
-    from .tir_blocks import dtype_bits, root_blocks, spatial_only
+    from .tir_blocks import dtype_bits
 
-    sch = s_tir.Schedule(func)
-    blocks = root_blocks(sch)
-    reds = [b for b in blocks if not spatial_only(sch, b)]
-    if len(reds) != 1 or not _slides(sch.get(reds[0])):
+    found = _one_reduction(func, _slides)
+    if found is None:
         return None
-    red = reds[0]
+    sch, blocks, red = found
     at = blocks.index(red)
     try:
         red_lanes = facts.lanes(dtype_bits(sch.get(red).writes[0].source.dtype))
@@ -68,6 +65,21 @@ def window(func, facts):
     except ScheduleError:
         return None
     return sch
+
+
+def _one_reduction(func, accepts):
+    """(a schedule of `func`, its root blocks, its one reduction block) where `func` has
+    exactly one block that is not all spatial and `accepts(block)` holds for it; else None."""
+    from tvm import s_tir
+
+    from .tir_blocks import root_blocks, spatial_only
+
+    sch = s_tir.Schedule(func)
+    blocks = root_blocks(sch)
+    reds = [b for b in blocks if not spatial_only(sch, b)]
+    if len(reds) != 1 or not accepts(sch.get(reds[0])):
+        return None
+    return sch, blocks, reds[0]
 
 
 def _slides(block) -> bool:
@@ -305,17 +317,14 @@ def channels_window(func, facts):
     holds for a whole vector of channels; rows run parallel over the cores, and per output
     pixel each vector of channels is reduced over the window in registers. None when `func` is
     not one (or its channels are not whole vectors), or TVM refuses a step."""
-    from tvm import s_tir
     from tvm.s_tir.schedule import ScheduleError
 
-    from .tir_blocks import dtype_bits, root_blocks, spatial_only
+    from .tir_blocks import dtype_bits
 
-    sch = s_tir.Schedule(func)
-    blocks = root_blocks(sch)
-    reds = [b for b in blocks if not spatial_only(sch, b)]
-    if len(reds) != 1 or not _channels_inner(sch.get(reds[0])):
+    found = _one_reduction(func, _channels_inner)
+    if found is None:
         return None
-    red = reds[0]
+    sch, blocks, red = found
     lanes = facts.lanes(dtype_bits(sch.get(red).writes[0].source.dtype))
     try:
         for b in blocks[:blocks.index(red)]:
