@@ -326,17 +326,9 @@ class _Search:
         the reference's own copy of the weights, as between a model's kernels, not f's
         alone."""
         g, gfrees, level = ref
-        got = {}
-        for v, xs in frees.items():
-            call_times(lambda: g(*gfrees[v]), 0, WARMUP)
-            call_times(lambda: f(*xs), 0, WARMUP)
-            ratios = []
-            for _ in range(REPEAT):
-                (r,) = call_times(lambda: g(*gfrees[v]), 1, 0)
-                (t,) = call_times(lambda: f(*xs), 1, 0)
-                ratios.append(t / r)
-            got[v] = float(np.median(ratios)) * level[v]
-        return got
+        theirs, mine = _interleaved([(g, gfrees), (f, frees)], list(frees), REPEAT)
+        return {v: float(np.median(np.array(mine[v]) / np.array(theirs[v]))) * level[v]
+                for v in frees}
 
     def _reference(self, r: _Range) -> tuple | None:
         """The range's reference kernel (bound, its free inputs, its first reading): its
@@ -407,14 +399,8 @@ class _Search:
         bound = [self._bound(s, pts) for s in cands]
         if any(err for _, _, err in bound):
             return None
-        got = [{v: [] for v in pts} for _ in cands]
         with exclusive(), realtime():
-            for v in pts:
-                for f, frees, _ in bound:
-                    call_times(lambda: f(*frees[v]), 0, WARMUP)
-                for _ in range(SETTLE):
-                    for (f, frees, _), ts in zip(bound, got):
-                        ts[v] += call_times(lambda: f(*frees[v]), 1, 0)
+            got = _interleaved([(f, frees) for f, frees, _ in bound], pts, SETTLE)
         return [{v: min(t) for v, t in ts.items()} for ts in got]
 
     def grow(self) -> None:
@@ -471,3 +457,17 @@ class _Search:
                            f"measured failed ({res.trials})")
         res.wall_seconds = time.perf_counter() - t0
         return res
+
+
+def _interleaved(kernels: list, pts, calls: int) -> list[dict]:
+    """Per kernel (bound, its free inputs per value), {value: the seconds of `calls` calls}:
+    at each value every kernel warmed up (WARMUP calls), then the kernels called in turn, one
+    call each, `calls` times (the caller holds the timing lock)."""
+    got = [{v: [] for v in pts} for _ in kernels]
+    for v in pts:
+        for f, frees in kernels:
+            call_times(lambda: f(*frees[v]), 0, WARMUP)
+        for _ in range(calls):
+            for (f, frees), ts in zip(kernels, got):
+                ts[v] += call_times(lambda: f(*frees[v]), 1, 0)
+    return got
