@@ -315,6 +315,43 @@ def test_symbolic_rows_are_computed_row_by_row_in_one_parallel_loop_and_correct(
                                    rtol=1e-4, atol=1e-5)
 
 
+def test_a_softmax_row_of_bounded_run_time_length_is_on_the_stack_and_correct():
+    """The exp row of a softmax over a symbol bounded at 333: sized at the bound, one stack
+    array per parallel task (no TVMBackendAllocWorkspace / Free per row), right at lengths
+    under, off and at the bound, and an error, not an overrun, past it."""
+    import tvm
+    from tvm import relax
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    import tsl.relax
+
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((2, "n", "n"), "float32")):
+            R.func_attr({"tir_var_upper_bound": {"n": 333}})
+            with R.dataflow():
+                z = R.nn.softmax(x, axis=-1)
+                R.output(z)
+            return z
+
+    ex = tvm.compile(Mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
+    ll = "".join(m.inspect_source("ll") for m in ex.mod.imports)
+    assert "TVMBackendAllocWorkspace" not in ll and "alloca [333 x float]" in ll
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(3)
+    for n in (1, 5, 17, 100, 333):
+        x = rng.standard_normal((2, n, n)).astype("float32") * 4
+        e = np.exp(x - x.max(-1, keepdims=True))
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(),
+                                   e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+    with pytest.raises(Exception, match="over its upper bound"):
+        vm["main"](tvm.runtime.tensor(np.ones((2, 334, 334), "float32")))
+
+
 def test_reductions_along_the_contiguous_axis_vectorized_in_lanes_and_correct():
     import tvm
     from tvm import relax

@@ -84,7 +84,7 @@ def pipeline(target, database=None, reports: list | None = None,
     tgt = tvm_target(target)
     before, after = _stages(tgt, machine_for(target))
     swap = [swap_pass(target, database, reports, upper_bounds), layout_pass()]
-    vector = _vector_pass(target, tgt)
+    vector = _vector_pass(target, tgt, upper_bounds)
 
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.pipeline")
     def _pipeline(mod, _ctx):
@@ -134,15 +134,17 @@ def _one_pointer_noalias():
     return noalias
 
 
-def _vector_pass(target, tgt) -> list:
-    """`schedule_rest` with the target machine's vector facts (CPU targets; none elsewhere yet)."""
+def _vector_pass(target, tgt, upper_bounds: dict | None = None) -> list:
+    """`schedule_rest` with the target machine's vector facts (CPU targets; none elsewhere yet)
+    and the caller's `upper_bounds`."""
     if tgt.kind.name != "llvm":
         return []
     from ..backend import get_backend
     from .schedule_rest import schedule_rest
 
     machine = machine_for(target)
-    return [schedule_rest(get_backend(machine.backend).vector_facts(machine))]
+    return [schedule_rest(get_backend(machine.backend).vector_facts(machine),
+                          bounds=upper_bounds)]
 
 
 def report(mod, target, database=None, upper_bounds: dict | None = None) -> Report:

@@ -17,18 +17,22 @@ a div and a mod per element.
 
 from __future__ import annotations
 
-from ..schedules.vector import RULES, VectorFacts
+from ..schedules.vector import RULES, UPPER_BOUNDS, VectorFacts
 from .chains import fuse_copy_chains
 from .reshapes import exact
+from .symbolic import symbols, upper_bounds
 
 
-def schedule_rest(facts: VectorFacts, left: list | None = None):
-    """A module pass applying the vector rules for `facts` to every non-tsl PrimFunc."""
+def schedule_rest(facts: VectorFacts, left: list | None = None, bounds: dict | None = None):
+    """A module pass applying the vector rules for `facts` to every non-tsl PrimFunc. A
+    scheduled function with symbolic dims carries their upper bounds (`UPPER_BOUNDS`: the
+    graph's `tir_var_upper_bound`, overridden by `bounds`)."""
     import tvm
     from tvm import tirx
 
     @tvm.transform.module_pass(opt_level=0, name="tsl.relax.ScheduleRest")
     def _pass(mod, _ctx):
+        known = upper_bounds(mod, bounds)
         mod = fuse_copy_chains(_reshapes_as_views(mod))
         for gv, f in list(mod.functions.items()):
             if not isinstance(f, tirx.PrimFunc) or "tsl.machine" in f.attrs:
@@ -39,7 +43,9 @@ def schedule_rest(facts: VectorFacts, left: list | None = None):
                 if left is not None:
                     left.append((gv.name_hint, "no vector rule matches its blocks"))
                 continue
-            mod[gv] = sch.mod["main"].with_attr("tsl.vector", 1)
+            f = sch.mod["main"].with_attr("tsl.vector", 1)
+            own = {str(v.name): known[str(v.name)] for v in symbols(f) if str(v.name) in known}
+            mod[gv] = f.with_attr(UPPER_BOUNDS, own) if own else f
         return mod
 
     return _pass

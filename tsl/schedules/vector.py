@@ -18,8 +18,9 @@ Rules (so far):
   computed row by row inside one parallel loop over the rows of the last block (single-consumer
   element-wise blocks inlined), reductions along the contiguous axis in lanes partial sums,
   element-wise blocks vectorized along the row (symbolic rows too: their reductions padded to
-  whole vectors, `tsl.schedules.guarded`); where TVM cannot nest a block so, each block's
-  leading spatial loops fused and run parallel on their own.
+  whole vectors, `tsl.schedules.guarded`; a row's intermediates, of run-time length, sized
+  by the back end at the symbol's bound, `UPPER_BOUNDS`); where TVM cannot nest a block so,
+  each block's leading spatial loops fused and run parallel on their own.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ from .guarded import pad_reductions
 from .tir_blocks import dtype_bits, root_blocks, spatial_only
 from .transpose import transpose
 from .window import channels_window, window
+
+
+# A scheduled function's attribute: symbol name -> its largest value (the Relax graph's
+# `tir_var_upper_bound`), so that a back end can size a buffer of run-time extent at its bound
+# (a row on the stack, not a workspace allocated per row).
+UPPER_BOUNDS = "tsl.upper_bounds"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from functools import cache
 
+import numpy as np
+
 from ...errors import BackendUnavailable, LoweringError
+from ...schedules.vector import UPPER_BOUNDS
 from . import host
 
 
@@ -54,7 +57,6 @@ PIPELINE = "tsl_cpu"
 
 @cache
 def register_pipeline() -> None:
-    import numpy as np
     import tvm
     import tvm_ffi
     from tvm import tirx
@@ -64,8 +66,7 @@ def register_pipeline() -> None:
         buf = node.buffer
         if buf.scope() != "global" or not all(isinstance(d, tirx.IntImm) for d in buf.shape):
             return node
-        nbytes = int(np.prod([int(d) for d in buf.shape])) * buf.dtype.bits * buf.dtype.lanes // 8
-        if nbytes > STACK_TILE_BYTES:
+        if _nbytes([int(d) for d in buf.shape], buf.dtype) > STACK_TILE_BYTES:
             return node
         return tirx.AllocBuffer(buf, annotations={**dict(node.annotations),
                                                   "disable_lower_builtin": tirx.IntImm("bool", 1)})
@@ -80,16 +81,84 @@ def register_pipeline() -> None:
             return mod
         return run
 
+    @tvm.transform.module_pass(opt_level=0, name="tsl.RowsAtBounds")
+    def rows_at_bounds(mod, _ctx):
+        for gv, f in list(mod.functions.items()):
+            if isinstance(f, tirx.PrimFunc) and f.attrs and UPPER_BOUNDS in f.attrs:
+                mod[gv] = _rows_at_bounds(f, gv.name_hint)
+        return mod
+
     stack_tiles = rewrite("tsl.StackTiles", tirx.AllocBuffer, on_stack)
     prefetch_weights = rewrite("tsl.PrefetchWeights", tirx.For, _prefetched)
 
     def factory():
         passes, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
-        return (passes, lambda: tvm.transform.Sequential([stack_tiles, prefetch_weights,
-                                                          finalize_host()]),
+        return (passes, lambda: tvm.transform.Sequential([rows_at_bounds, stack_tiles,
+                                                          prefetch_weights, finalize_host()]),
                 finalize_device)
 
     tirx.register_tir_pipeline(PIPELINE, factory)
+
+
+def _nbytes(shape: list, dtype) -> int:
+    return int(np.prod(shape)) * dtype.bits * dtype.lanes // 8
+
+
+def _rows_at_bounds(f, name: str):
+    """`f` with each global buffer of run-time extent it allocates (a softmax's exp row over
+    the sequence) sized at its symbols' largest values (`UPPER_BOUNDS`) where that fits
+    `STACK_TILE_BYTES`: StackTiles then makes it one stack array per parallel task, where TVM
+    took a workspace per row (TVMBackendAllocWorkspace and Free in the row loop: 1536 pairs a
+    call of the dynamic-seq BERT layer's softmax at s = 128)."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    bounds = {str(k): int(v) for k, v in f.attrs[UPPER_BOUNDS].items()}
+    resized = []  # (buffer, its replacement)
+
+    def on_alloc(node):
+        buf = node.buffer
+        shape = [_largest(d, bounds) for d in buf.shape]
+        if (buf.scope() != "global" or None in shape
+                or all(isinstance(d, tirx.IntImm) for d in buf.shape)
+                or _nbytes(shape, buf.dtype) > STACK_TILE_BYTES):
+            return node
+        new = tirx.decl_buffer(shape, buf.dtype, buf.name)
+        resized.append((buf, new))
+        # A value past the bound would overrun the array: an error names the bound instead.
+        fits = tirx.all(*[d <= n for d, n in zip(buf.shape, shape)])
+        why = (f"{name}: a symbolic dim over its upper bound {bounds} (the largest value the "
+               f"library was compiled for)")
+        return tirx.SeqStmt([tirx.AssertStmt(fits, tvm.ir.StringImm("ValueError"),
+                                             [tvm.ir.StringImm(why)]),
+                             tirx.AllocBuffer(new, node.annotations)])
+    body = tvm_ffi.structural_map(f.body, [(tirx.AllocBuffer, on_alloc)])
+    if not resized:
+        return f
+    # A buffer is a Var: every access names the replacement.
+    return f.with_body(tvm_ffi.structural_map(body, [(type(resized[0][0]), lambda v: next(
+        (new for old, new in resized if v.same_as(old)), v))]))
+
+
+def _largest(extent, bounds: dict) -> int | None:
+    """`extent`'s largest value with each symbol in it between 1 and its bound in `bounds`;
+    None where a symbol has no bound."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
+
+    if isinstance(extent, tirx.IntImm):
+        return int(extent.value)
+    syms, ana = [], Analyzer()
+    tvm_ffi.structural_walk(extent, [(tirx.Var, syms.append)], order="pre")
+    if not syms or any(str(v.name) not in bounds for v in syms):
+        return None
+    for v in syms:
+        ana.bind(v, tvm.ir.Range.from_min_extent(tirx.IntImm(str(v.ty), 1),
+                                                 tirx.IntImm(str(v.ty), bounds[str(v.name)])))
+    return int(ana.const_int_bound(extent).max_value)
 
 
 def _prefetched(loop):
