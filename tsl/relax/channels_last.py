@@ -25,10 +25,19 @@ from __future__ import annotations
 import numpy as np
 
 MARGIN = 0.04
-"""A channels-last conv is priced at (1 + MARGIN) times the model's estimate of it. The model
-prices tsl's two layouts of ResNet-18's 28x28-7x7 3x3 convs 0.97-1.00x apart, and they ran
-1.04-1.2x NCHW's time in NHWC (benchmarks/README.md "nhwc42"): a conversion is only planned
-for a gain beyond what the model tells apart."""
+"""The model tells tsl's two conv layouts apart no better than this, and what it misses leans
+one way per kind of conv (benchmarks/README.md): ResNet-18's 28x28-7x7 3x3 convs, priced
+0.97-1.00x in NHWC, ran 1.04-1.2x ("nhwc42"), so a conv with a window is priced at
+(1 + MARGIN) times the model's NHWC estimate (a conversion is only planned for a gain beyond
+what the model tells apart); MobileNetV2's 1x1 convs at 14x14 and 7x7, priced 0.91-1.01x, ran
+0.53-0.91x ("mnv43"), so a 1x1 conv is priced as the model says, and one priced up to MARGIN
+dearer does not end the prefix (its loss is counted)."""
+
+EFFORT = 0.125
+"""The plan prices a conv with an eighth of the swap's search (its random sample and the
+descents from it): 4-8x faster, and both layouts' estimates 0-5% above the full search's
+on MobileNetV2's and ResNet-18's convs, the two alike (benchmarks/README.md "mnv43"). The
+plan compares the layouts; the swap then searches the convs it builds in full."""
 
 
 def channels_last_pass(machine):
@@ -56,7 +65,7 @@ def plan(mod, machine) -> tuple:
     weights, gains, gain = [], [], 0.0
     for w, call in _plannable(mod["main"], machine):
         nchw, nhwc = _prices(call, machine)
-        if nhwc > nchw:  # the prefix ends at the first conv it would not gain
+        if nhwc > nchw * (1 + _tolerance(call)):  # the prefix ends at the first conv it loses
             break
         gain += nhwc - nchw
         weights.append(w)
@@ -109,12 +118,20 @@ def _plannable(func, machine) -> list:
 
 def _prices(call, machine) -> tuple:
     """(NCHW, NHWC) seconds of a plannable conv: the model's estimates of tsl's conv2d, the
-    channels-last one times (1 + `MARGIN`), or a depthwise conv's roofline."""
+    channels-last one of a conv with a window times (1 + `MARGIN`), or a depthwise conv's
+    roofline."""
     ops = _operators(call)
     if ops is None:
         return _depthwise_seconds(call, machine)
     nchw, nhwc = (_seconds(op, machine) for op in ops)
-    return nchw, nhwc * (1 + MARGIN)
+    return nchw, nhwc * (1 + MARGIN * (_tolerance(call) == 0))
+
+
+def _tolerance(call) -> float:
+    """How much dearer than NCHW a conv may be priced channels-last and not end the prefix:
+    `MARGIN` for a 1x1 conv (its layouts lean NHWC beyond the model's resolution), else 0."""
+    _, _, r, s = (int(d) for d in call.args[1].ty.shape)
+    return MARGIN if (r, s) == (1, 1) and int(call.attrs.groups) == 1 else 0.0
 
 
 def _depthwise(call, machine):
@@ -196,10 +213,15 @@ def _operators(call):
 
 
 def _seconds(op, machine) -> float:
-    from ..model import evaluate
-    from .swap import _recorded
+    """The model's estimate of `op` with the knobs of a search at `EFFORT` (the back end's
+    limits checked, as the swap's search does)."""
+    from ..backend import get_backend
+    from ..model.search import search
+    from ..schedules import default_schedule
 
-    return evaluate(_recorded(op, machine, None)).seconds
+    check = get_backend(machine.backend).check
+    return search(op, machine, default_schedule(op.name), check=check,
+                  effort=EFFORT).best.estimate.seconds
 
 
 def _converted(mod, weights: list):
