@@ -336,24 +336,31 @@ def channels_window(func, facts):
             sch.compute_inline(b)
         last = _fold_consumers(sch, red, blocks[at + 1:])
         lanes = facts.lanes(dtype_bits(sch.get(last).writes[0].source.dtype))
-        sch.compute_at(red, _pixels_parallel(sch, last, lanes), preserve_unit_loops=True)
+        sch.compute_at(red, _pixels_parallel(sch, last, lanes, facts.cores),
+                       preserve_unit_loops=True)
         _vectorize_accumulation(sch, red)
     except ScheduleError:
         return None
     return sch
 
 
-def _pixels_parallel(sch, last, lanes: int):
-    """The output block's pixels (every loop but the channels) fused into one parallel loop
-    (TVM hands each core a contiguous run: a 7 x 7 output splits 25 / 24 pixels where 7 rows
-    split 4 / 3), its channels split into vectors of `lanes`, the inner one vectorized.
-    Returns the outer channel loop, under which the reduction is computed."""
+def _pixels_parallel(sch, last, lanes: int, cores: int):
+    """The output block's rows parallel (its columns with them where the rows are fewer than
+    `TASKS_PER_CORE` per core: 7 rows split 4 / 3 over two cores, 49 pixels 25 / 24), its
+    channels split into vectors of `lanes`, the inner one vectorized. Rows alone where they
+    suffice: with the pixels fused, ResNet-18's NHWC max-pool (64 x 112 x 112, stride 2)
+    computed each pixel's row and column by a division and ran 110-160 us, 57-70 with rows
+    (2-core Xeon, benchmarks/README.md "mnv43"). Returns the outer channel loop, under which
+    the reduction is computed."""
     from tvm.s_tir.schedule import ScheduleError
 
     loops = sch.get_loops(last)
     if len(loops) < 2:
         raise ScheduleError("a channels-last window output needs pixels and channels")
-    sch.parallel(sch.fuse(*loops[:-1]))
+    tasks = sch.fuse(*loops[:-2]) if len(loops) > 2 else loops[0]
+    if len(loops) > 2 and not _const_above(sch.get(tasks).extent, TASKS_PER_CORE * cores - 1):
+        tasks = sch.fuse(tasks, loops[-2])
+    sch.parallel(tasks)
     c_outer, c_inner = sch.split(loops[-1], factors=[None, lanes])
     sch.vectorize(c_inner)
     return c_outer
