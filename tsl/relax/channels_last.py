@@ -137,8 +137,8 @@ def _tolerance(call) -> float:
 def _depthwise(call, machine):
     """(n, c, h, w, r, s, stride, out h, out w) of an NCHW depthwise conv (one input and one
     output channel per group, constant weights, even strides, no dilation, static shapes) in
-    a float dtype the machine has a peak for, else None: the convs `window.window` (NCHW) and `window.channels_window`
-    (NHWC) schedule."""
+    a float dtype the machine has a peak for, else None: the convs `window.window` (NCHW)
+    and `window.channels_window` (NHWC) schedule."""
     from tvm.ir.expr import Constant
 
     a = call.attrs
