@@ -246,6 +246,7 @@ def _clips_as_bounds(mod, split: bool):
     ConvertLayout of TVM 0.27 has no layout rule for `clip` and wraps it in two transposes;
     maximum and minimum have one (element-wise), and the clip is what the swap's epilogues and
     `tsl.relax`'s fusion expect."""
+    import tvm
     from tvm import relax
     from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
@@ -265,10 +266,10 @@ def _clips_as_bounds(mod, split: bool):
         low, high = (relax.const(v, str(expr.ty.dtype)) for v in bounds)
         return relax.op.minimum(relax.op.maximum(m[x], low), high)
 
-    for gv, f in list(mod.functions.items()):
-        if isinstance(f, relax.Function):
-            mod[gv] = rewrite_call(pattern, rewriter, f)
-    return mod
+    # A new module: the caller's (the graph as imported, kept where no prefix gains) unchanged.
+    return tvm.IRModule({gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function)
+                         else f for gv, f in mod.functions.items()},
+                        attrs=mod.attrs, global_infos=mod.global_infos)
 
 
 def _scalar(expr):
