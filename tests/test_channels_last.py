@@ -195,22 +195,20 @@ def _pool(shape, op, stride):
     return bb.get()
 
 
-@pytest.mark.parametrize("op, channels, rule", [("max", 32, "channels_window"),
-                                                ("max", 19, "rowwise"),
-                                                ("avg", 32, "rowwise")])
+@pytest.mark.parametrize("op, channels", [("max", 32), ("max", 19), ("avg", 19)])
 @pytest.mark.parametrize("stride, size", [(1, 13), (2, 21)])
-def test_channels_last_max_pool_is_vectorized_over_channels_and_matches_pytorch(
-        op, channels, rule, stride, size):
-    """An NHWC max-pool whose channels are whole vectors: `channels_window` (rows parallel,
-    a vector of channels reduced over the window in registers); 19 channels, or an average
-    whose divide cannot join the reduction, stay `rowwise`'s. All match PyTorch."""
+def test_channels_last_pooling_is_vectorized_over_channels_and_matches_pytorch(
+        op, channels, stride, size):
+    """An NHWC max- or average pool: `channels_window` (pixels parallel, a vector of channels
+    reduced over the window in a register, the average's divide after it in the vector), 19
+    channels ending in a predicated vector. All match PyTorch."""
     import tvm
     from tvm import relax
 
     from tsl.relax.schedule_rest import rest_schedules
 
     mod = _pool((1, size, size, channels), op, stride)
-    assert rule in {r for r, _ in rest_schedules(mod, "cpu").values()}
+    assert {r for r, _ in rest_schedules(mod, "cpu").values()} == {"channels_window"}
     ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
                      relax_pipeline=tsl.relax.pipeline("cpu"))
     x = np.random.default_rng(3).standard_normal((1, size, size, channels)).astype("float32")
@@ -219,3 +217,95 @@ def test_channels_last_max_pool_is_vectorized_over_channels_and_matches_pytorch(
     ref = (torch.nn.functional.max_pool2d(t, 3, stride, 1) if op == "max" else
            torch.nn.functional.avg_pool2d(t, 3, stride, 1, count_include_pad=False))
     np.testing.assert_allclose(got, ref.permute(0, 2, 3, 1).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_an_nhwc_depthwise_conv_with_bias_and_relu6_is_a_channels_window(stride):
+    """An NHWC depthwise 3x3 conv (HWIO weights, 19 channels: not whole vectors at 8 or 16
+    lanes, 15 x 15: a stride-2 output of 8) with its bias and ReLU6 fused: `channels_window`
+    (not `window`, whose column vectors would gather channels), matching PyTorch."""
+    import tvm
+    from tvm import relax
+
+    from tsl.relax.schedule_rest import rest_schedules
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 15, 15, 19)).astype("float32")
+    w = rng.standard_normal((3, 3, 1, 19)).astype("float32")
+    b = rng.standard_normal(19).astype("float32")
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(xv, relax.const(w), strides=stride, padding=1, groups=19,
+                                   data_layout="NHWC", kernel_layout="HWIO")
+            y = relax.op.add(y, relax.const(b.reshape(1, 1, 1, 19)))
+            out = bb.emit_output(relax.op.clip(y, 0.0, 6.0))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x).permute(0, 3, 1, 2),
+                                     torch.from_numpy(w).permute(3, 2, 0, 1),
+                                     torch.from_numpy(b), stride, 1, groups=19).clamp(0, 6)
+    np.testing.assert_allclose(got, ref.permute(0, 2, 3, 1).numpy(), rtol=1e-5, atol=1e-5)
+    assert {r for r, _ in rest_schedules(mod, "cpu").values()} == {"channels_window"}
+
+
+class _Inverted(torch.nn.Module):
+    """MobileNetV2's start at 32 x 32: a 3x3 stride-2 stem conv-BN-ReLU6, then an inverted
+    residual block (1x1 expansion, 3x3 depthwise, each BN-ReLU6; 1x1 projection-BN; the
+    residual add), then global pooling and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList([
+            torch.nn.Conv2d(3, 16, 3, 2, 1, bias=False), torch.nn.Conv2d(16, 48, 1, bias=False),
+            torch.nn.Conv2d(48, 48, 3, 1, 1, groups=48, bias=False),
+            torch.nn.Conv2d(48, 16, 1, bias=False)])
+        self.bns = torch.nn.ModuleList(torch.nn.BatchNorm2d(c) for c in (16, 48, 48, 16))
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.relu6(self.bns[0](self.convs[0](x)))
+        y = x
+        for conv, bn in zip(self.convs[1:3], self.bns[1:3]):
+            y = torch.nn.functional.relu6(bn(conv(y)))
+        x = x + self.bns[3](self.convs[3](y))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_an_inverted_residual_block_is_planned_channels_last_through_its_depthwise_conv():
+    """The block's depthwise conv and ReLU6 (`clip`, which has no layout rule in TVM 0.27) no
+    longer end the plan: on the AVX-512 machine file all four convs are channels-last with one
+    conversion at the entry and one at the exit, the ReLU6s still clips; through the host's
+    pipeline the result matches PyTorch."""
+    import tvm
+    from tvm import relax
+
+    from tsl.relax.channels_last import plan
+    from tsl.tam import load
+
+    torch.manual_seed(0)
+    model = _Inverted()
+    for bn in model.bns:  # statistics to fold that are not the identity
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    model.eval()
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 3, 32, 32)).astype("float32")
+    mod = _imported(model, x)
+    with tsl.relax.tvm_target("cpu"):
+        imported = tvm.transform.Sequential(tsl.relax.import_passes())(mod)
+    planned, k = plan(imported, load("x86-avx512"))
+    text = planned["main"].script()
+    assert k == 4 and text.count('data_layout="NHWC"') == 4 and text.count("R.clip") == 3
+    assert len(_activation_permutes(planned["main"])) == 2
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    got = (out[0] if not hasattr(out, "numpy") else out).numpy()
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -2,19 +2,22 @@
 
 An imported CNN is NCHW throughout. tsl's NCHW conv keeps output channels on the vector lanes
 and transposes each output tile at the store; its NHWC conv stores the tile as it is, and a
-channels-last window (max-pool) or 1x1 conv reads channels contiguously. Which one is faster
-depends on the layer (ResNet-18, 2-core Xeon, benchmarks/README.md "nhwc42": the 3->64 7x7 stem
-0.81x, the 64x56x56 3x3 convs 0.93-0.96x, the 28x28 and smaller 3x3 convs 1.04-1.2x NHWC's
-time over NCHW's), so the layout is a decision for the graph: a prefix of its convs (in
-binding order) runs channels-last, the rest NCHW, chosen by the model's estimates of each conv
-in both layouts plus the conversions the prefix needs. The prefix grows while each conv it
-takes is priced cheaper channels-last (the first that is not ends it: the model then prices
-no further conv, a second search per conv being most of the plan's time); of those prefixes,
-the cheapest with its conversions is taken, or none. `relax.transform.ConvertLayout` makes
-each candidate (one `permute_dims` at the entry, one where the prefix ends; every op between
-must have a layout rule, else it is wrapped in conversions, which the price then counts: a
-MobileNetV2 `clip` keeps it NCHW). A back end offers the layouts (`Backend.relax_layouts`);
-with NCHW alone nothing changes.
+channels-last window (max-pool, depthwise conv) or 1x1 conv reads channels contiguously. Which
+one is faster depends on the layer (ResNet-18, 2-core Xeon, benchmarks/README.md "nhwc42": the
+3->64 7x7 stem 0.81x, the 64x56x56 3x3 convs 0.93-0.96x, the 28x28 and smaller 3x3 convs
+1.04-1.2x NHWC's time over NCHW's; MobileNetV2 "mnv43": its 1x1 and depthwise convs 0.6-0.9x),
+so the layout is a decision for the graph: a prefix of its convs (in binding order) runs
+channels-last, the rest NCHW, chosen by the prices of each conv in both layouts plus the
+conversions the prefix needs. A conv is priced by the model's estimates of tsl's conv2d, a
+depthwise conv by a roofline of its window rules (`_depthwise_seconds`). The prefix grows
+while each conv it takes is priced no dearer channels-last (the first that is not ends it: the
+model then prices no further conv, a second search per conv being most of the plan's time);
+of those prefixes, the cheapest with its conversions is taken, or none (`_cheapest_prefix`).
+`relax.transform.ConvertLayout` makes each candidate (one `permute_dims` at the entry, one
+where the prefix ends; every op between must have a layout rule, else it is wrapped in
+conversions, which the price then counts: TVM 0.27 has none for `clip`, so ReLU6 crosses as
+the maximum and minimum it is, `_clips_as_bounds`). A back end offers the layouts
+(`Backend.relax_layouts`); with NCHW alone nothing changes.
 """
 
 from __future__ import annotations
@@ -22,10 +25,19 @@ from __future__ import annotations
 import numpy as np
 
 MARGIN = 0.04
-"""A channels-last conv is priced at (1 + MARGIN) times the model's estimate of it. The model
-prices tsl's two layouts of ResNet-18's 28x28-7x7 3x3 convs 0.97-1.00x apart, and they ran
-1.04-1.2x NCHW's time in NHWC (benchmarks/README.md "nhwc42"): a conversion is only planned
-for a gain beyond what the model tells apart."""
+"""The model tells tsl's two conv layouts apart no better than this, and what it misses leans
+one way per kind of conv (benchmarks/README.md): ResNet-18's 28x28-7x7 3x3 convs, priced
+0.97-1.00x in NHWC, ran 1.04-1.2x ("nhwc42"), so a conv with a window is priced at
+(1 + MARGIN) times the model's NHWC estimate (a conversion is only planned for a gain beyond
+what the model tells apart); MobileNetV2's 1x1 convs at 14x14 and 7x7, priced 0.91-1.01x, ran
+0.53-0.91x ("mnv43"), so a 1x1 conv is priced as the model says, and one priced up to MARGIN
+dearer does not end the prefix (its loss is counted)."""
+
+EFFORT = 0.125
+"""The plan prices a conv with an eighth of the swap's search (its random sample and the
+descents from it): 4-8x faster, and both layouts' estimates 0-5% above the full search's
+on MobileNetV2's and ResNet-18's convs, the two alike (benchmarks/README.md "mnv43"). The
+plan compares the layouts; the swap then searches the convs it builds in full."""
 
 
 def channels_last_pass(machine):
@@ -42,35 +54,52 @@ def channels_last_pass(machine):
 
 
 def plan(mod, machine) -> tuple:
-    """(`mod` with its first k convs channels-last, k) for the k the model prices lowest (see
-    the module docstring); (`mod`, 0) where none gains, the back end offers no NHWC or the
-    graph has no conv to plan."""
+    """(`mod` with its first k convs channels-last, k) for the k priced lowest (see the module
+    docstring); (`mod`, 0) where none gains, the back end offers no NHWC or the graph has no
+    conv to plan."""
     from ..backend import get_backend
 
     if "NHWC" not in get_backend(machine.backend).relax_layouts(machine) \
             or not any(gv.name_hint == "main" for gv in mod.functions):
         return mod, 0
-    convs, gain = _plannable(mod["main"]), 0.0
-    best = (0.0, 0, mod)  # (seconds over the NCHW graph's, k, module)
-    for k, (_, ops) in enumerate(convs, 1):
-        nchw, nhwc = (_seconds(op, machine) for op in ops)
-        if nhwc * (1 + MARGIN) >= nchw:  # the prefix ends at the first conv it would not gain
+    weights, gains, gain = [], [], 0.0
+    for w, call in _plannable(mod["main"], machine):
+        nchw, nhwc = _prices(call, machine)
+        if nhwc > nchw * (1 + _tolerance(call)):  # the prefix ends at the first conv it loses
             break
-        gain += nhwc * (1 + MARGIN) - nchw
-        cand = _converted(mod, [w for w, _ in convs[:k]])
-        cost = gain + _conversion_seconds(cand["main"], machine)
-        if cost < best[0]:
-            best = (cost, k, cand)
-    if not best[1]:
+        gain += nhwc - nchw
+        weights.append(w)
+        gains.append(gain)
+    best, k = _cheapest_prefix(mod, weights, gains, machine)
+    if not k:
         return mod, 0
     from tvm import relax
 
-    return relax.transform.EliminateCommonSubexpr()(_permuted_constants(best[2])), best[1]
+    return relax.transform.EliminateCommonSubexpr()(_permuted_constants(best)), k
 
 
-def _plannable(func) -> list:
-    """[(weights constant, (NCHW op, NHWC op))] of the convs of `func` in binding order, up to
-    the first one tsl's conv2d cannot take in both layouts (the prefix ends there)."""
+def _cheapest_prefix(mod, weights: list, gains: list, machine) -> tuple:
+    """(module, k) of the prefix of `weights` whose conv gain (`gains[k - 1]`, seconds over
+    the NCHW graph's) plus its conversions is lowest and below zero, else (`mod`, 0). Every
+    conv in the prefix gains, so a shorter prefix gains less: the longest is converted first,
+    and a shorter one only while its gain plus the entry's conversion, which every prefix
+    pays, still beats the best found (ConvertLayout of MobileNetV2 takes 0.2-0.5 s)."""
+    best, entry = (0.0, 0, mod), 0.0
+    for k in range(len(weights), 0, -1):
+        if gains[k - 1] + entry >= best[0]:
+            break
+        cand = _converted(mod, weights[:k])
+        cost = gains[k - 1] + _conversion_seconds(cand["main"], machine)
+        entry = _conversion_seconds(cand["main"], machine, entry_only=True)
+        if cost < best[0]:
+            best = (cost, k, cand)
+    return best[2], best[1]
+
+
+def _plannable(func, machine) -> list:
+    """[(weights constant, call)] of the convs of `func` in binding order, up to the first one
+    neither tsl's conv2d (`_operators`) nor the depthwise window rules (`_depthwise`) take in
+    both layouts (the prefix ends there)."""
     import tvm
     import tvm_ffi
     from tvm import relax
@@ -81,11 +110,75 @@ def _plannable(func) -> list:
                                          if c.op.same_as(conv) else None)], order="post")
     out = []
     for c in calls:
-        ops = _operators(c)
-        if ops is None:
+        if _operators(c) is None and _depthwise(c, machine) is None:
             break
-        out.append((c.args[1], ops))
+        out.append((c.args[1], c))
     return out
+
+
+def _prices(call, machine) -> tuple:
+    """(NCHW, NHWC) seconds of a plannable conv: the model's estimates of tsl's conv2d, the
+    channels-last one of a conv with a window times (1 + `MARGIN`), or a depthwise conv's
+    roofline."""
+    ops = _operators(call)
+    if ops is None:
+        return _depthwise_seconds(call, machine)
+    nchw, nhwc = (_seconds(op, machine) for op in ops)
+    return nchw, nhwc * (1 + MARGIN * (_tolerance(call) == 0))
+
+
+def _tolerance(call) -> float:
+    """How much dearer than NCHW a conv may be priced channels-last and not end the prefix:
+    `MARGIN` for a 1x1 conv (its layouts lean NHWC beyond the model's resolution), else 0."""
+    _, _, r, s = (int(d) for d in call.args[1].ty.shape)
+    return MARGIN if (r, s) == (1, 1) and int(call.attrs.groups) == 1 else 0.0
+
+
+def _depthwise(call, machine):
+    """(n, c, h, w, r, s, stride, out h, out w) of an NCHW depthwise conv (one input and one
+    output channel per group, constant weights, even strides, no dilation, static shapes) in
+    a float dtype the machine has a peak for, else None: the convs `window.window` (NCHW)
+    and `window.channels_window` (NHWC) schedule."""
+    from tvm.ir.expr import Constant
+
+    a = call.attrs
+    if not isinstance(call.args[1], Constant) or (
+            str(a.data_layout), str(a.kernel_layout), str(a.out_layout) or "NCHW") != (
+                "NCHW", "OIHW", "NCHW") or not str(call.ty.dtype).startswith("float") \
+            or str(call.ty.dtype) not in machine.peaks:
+        return None
+    st, dil = ({int(v) for v in x} for x in (a.strides, a.dilation))
+    try:
+        (n, c, h, w), (k, i, r, s), (_, _, oh, ow) = (
+            tuple(int(e) for e in x.ty.shape) for x in (*call.args, call))
+    except (TypeError, ValueError):
+        return None
+    if len(st) != 1 or dil != {1} or int(a.groups) != c or (k, i) != (c, 1):
+        return None
+    return n, c, h, w, r, s, st.pop(), oh, ow
+
+
+def _depthwise_seconds(call, machine) -> tuple:
+    """(NCHW, NHWC) roofline seconds of a depthwise conv: the larger of its vector FMAs at
+    the machine's peak and its bytes at the slowest streaming path (`_stream_rate`). Both
+    rules read the input, weights and output once; they differ in what fills the vectors:
+    NCHW's hold output columns (`window.vector_width` of them: a 7-wide row fills 7 of 16
+    lanes), NHWC's channels (all lanes but a last partial vector), and NCHW's stride-2 input
+    is copied split by phase first (`window._split_phases`: one more pass over it)."""
+    from ..backend import get_backend
+    from ..schedules.window import vector_width
+
+    n, c, h, w, r, s, stride, oh, ow = _depthwise(call, machine)
+    dtype = str(call.ty.dtype)
+    item = np.dtype(dtype).itemsize
+    lanes = get_backend(machine.backend).vector_facts(machine).lanes(8 * item)
+    vec = vector_width(ow, lanes)
+    slots = {"NCHW": n * c * oh * -(-ow // vec) * vec, "NHWC": n * oh * ow * -(-c // lanes) * lanes}
+    moved = (n * c * (h * w + oh * ow) + c * r * s) * item
+    extra = {"NCHW": 2 * n * c * h * w * item if stride > 1 else 0, "NHWC": 0}
+    macs_per_s = machine.peaks[dtype] / 2
+    return tuple(max(slots[lay] * r * s / macs_per_s, (moved + extra[lay]) / _stream_rate(machine))
+                 for lay in ("NCHW", "NHWC"))
 
 
 def _operators(call):
@@ -120,10 +213,15 @@ def _operators(call):
 
 
 def _seconds(op, machine) -> float:
-    from ..model import evaluate
-    from .swap import _recorded
+    """The model's estimate of `op` with the knobs of a search at `EFFORT` (the back end's
+    limits checked, as the swap's search does)."""
+    from ..backend import get_backend
+    from ..model.search import search
+    from ..schedules import default_schedule
 
-    return evaluate(_recorded(op, machine, None)).seconds
+    check = get_backend(machine.backend).check
+    return search(op, machine, default_schedule(op.name), check=check,
+                  effort=EFFORT).best.estimate.seconds
 
 
 def _converted(mod, weights: list):
@@ -137,7 +235,52 @@ def _converted(mod, weights: list):
         mine = any(call.args[1].same_as(w) for w in weights)
         return {"relax.nn.conv2d": ["NHWC", "HWIO"] if mine else ["NCHW", "OIHW"]}
 
-    return relax.transform.ConvertLayout({"relax.nn.conv2d": ["NCHW", "OIHW"]}, wanted)(mod)
+    out = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NCHW", "OIHW"]}, wanted)(
+        _clips_as_bounds(mod, True))
+    return _clips_as_bounds(out, False)
+
+
+def _clips_as_bounds(mod, split: bool):
+    """`mod` with every `clip(x, lo, hi)` of constant bounds written `minimum(maximum(x, lo),
+    hi)` (`split`), or every such pair of scalar constants back as the clip (not `split`).
+    ConvertLayout of TVM 0.27 has no layout rule for `clip` and wraps it in two transposes;
+    maximum and minimum have one (element-wise), and the clip is what the swap's epilogues and
+    `tsl.relax`'s fusion expect."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+    x, lo, hi = wildcard(), wildcard(), wildcard()
+    if split:
+        pattern = is_op("relax.clip")(x, lo, hi)
+    else:
+        lo, hi = is_const(), is_const()
+        pattern = is_op("relax.minimum")(is_op("relax.maximum")(x, lo), hi)
+
+    def rewriter(expr, m):
+        bounds = [_scalar(m[b]) for b in (lo, hi)]
+        if None in bounds:
+            return expr
+        if not split:
+            return relax.op.clip(m[x], *bounds)
+        low, high = (relax.const(v, str(expr.ty.dtype)) for v in bounds)
+        return relax.op.minimum(relax.op.maximum(m[x], low), high)
+
+    # A new module: the caller's (the graph as imported, kept where no prefix gains) unchanged.
+    return tvm.IRModule({gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function)
+                         else f for gv, f in mod.functions.items()},
+                        attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+def _scalar(expr):
+    """The float value of a clip bound (a FloatImm or IntImm) or of a 0-d constant tensor,
+    else None."""
+    value = getattr(expr, "value", None)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if hasattr(value, "numpy") and value.numpy().ndim == 0:
+        return float(value.numpy())
+    return None
 
 
 def _permuted_constants(mod):
@@ -160,10 +303,10 @@ def _permuted_constants(mod):
     return mod
 
 
-def _conversion_seconds(func, machine) -> float:
-    """The model's time of `func`'s layout conversions: each distinct `permute_dims` of an
-    activation (not of a constant) reads and writes its tensor once, at the machine's slowest
-    streaming path (a memory level's bandwidth times its instances at the clock)."""
+def _conversion_seconds(func, machine, entry_only: bool = False) -> float:
+    """The model's time of `func`'s layout conversions (`entry_only`: of its parameters
+    alone): each distinct `permute_dims` of an activation (not of a constant) reads and writes
+    its tensor once, at the machine's slowest streaming path (`_stream_rate`)."""
     import tvm
     import tvm_ffi
     from tvm import relax
@@ -171,14 +314,22 @@ def _conversion_seconds(func, machine) -> float:
     from tvm.ir.expr import Constant
 
     perm, seen = tvm.ir.Op.get("relax.permute_dims"), []
+    params = list(func.params) if entry_only else None
 
     def on_call(c):
         if c.op.same_as(perm) and not isinstance(c.args[0], Constant) and not any(
-                c.args[0].same_as(s) for s in seen):
+                c.args[0].same_as(s) for s in seen) and (
+                    params is None or any(c.args[0].same_as(p) for p in params)):
             seen.append(c.args[0])
 
     tvm_ffi.structural_walk(func.body, [(relax.Call, on_call)], order="pre")
     moved = sum(2 * int(np.prod([int(d) for d in v.ty.shape]))
                 * np.dtype(str(v.ty.dtype)).itemsize for v in seen)
-    rate = min(lv.bandwidth * lv.instances for lv in machine.memory if lv.bandwidth > 0)
-    return moved / (rate * machine.clock_hz)
+    return moved / _stream_rate(machine)
+
+
+def _stream_rate(machine) -> float:
+    """Bytes per second along the machine's slowest streaming path: the smallest bandwidth
+    times instances of a memory level, at the clock."""
+    return min(lv.bandwidth * lv.instances for lv in machine.memory
+               if lv.bandwidth > 0) * machine.clock_hz

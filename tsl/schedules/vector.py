@@ -12,8 +12,9 @@ Rules (so far):
   split into (cores-parallel outer, lanes-vectorized inner), like TVM's `parallel` + `vectorize`.
 - `window` (tsl.schedules.window): one sliding-window reduction (depthwise / grouped conv2d,
   max / avg pooling) with its padding and epilogue: (n, c) planes parallel, output columns in
-  vectors. `channels_window` (same module): a window over channels-last data (an NHWC
-  max-pool): rows parallel, a vector of channels reduced over the window in registers.
+  vectors. `channels_window` (same module): a window over channels-last data (NHWC max /
+  avg pooling, depthwise conv with its epilogue, the mean over H, W): rows parallel, a vector
+  of channels reduced over the window in a register.
 - `rowwise`: blocks with reductions (softmax, layer_norm, mean, global pooling): all blocks
   computed row by row inside one parallel loop over the rows of the last block (single-consumer
   element-wise blocks inlined), reductions along the contiguous axis in lanes partial sums,

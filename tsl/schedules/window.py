@@ -84,9 +84,11 @@ def _one_reduction(func, accepts):
 
 def _slides(block) -> bool:
     """The output's innermost index is a spatial iter var (extent > 1) that, with a reduction
-    var, makes the innermost index of a read (`w * stride + rw`): a window sliding along the
-    contiguous axis. A matmul or 1x1 conv (`b[k, j]`, `x[.., w]`: no window), a mean over H, W
-    (innermost index a reduction var alone) or a reduction to width 1 is not one (rowwise's)."""
+    var of extent > 1, makes the innermost index of a read (`w * stride + rw`): a window
+    sliding along the contiguous axis (an NHWC depthwise conv's `c + rc`, its group's `rc` of
+    extent 1, is not: `channels_window`'s). A matmul or 1x1 conv (`b[k, j]`, `x[.., w]`: no
+    window), a mean over H, W (innermost index a reduction var alone) or a reduction to width
+    1 is not one (rowwise's)."""
     from tvm import tirx
 
     if not block.writes[0].region:   # a scalar result
@@ -98,7 +100,8 @@ def _slides(block) -> bool:
     if iv is None or iv.iter_type != 0 or not _const_above(iv.dom.extent, 1):
         return False
     out = block.writes[0].source
-    window = [v.var for v in block.iter_vars if v.iter_type != 0]
+    window = [v.var for v in block.iter_vars
+              if v.iter_type != 0 and _const_above(v.dom.extent, 1)]
     return any(r.region and _uses(r.region[-1].min, last)
                and any(_uses(r.region[-1].min, rv) for rv in window)
                for r in block.reads if not r.source.same_as(out))
@@ -311,12 +314,14 @@ def _fill_by_phase(sch, cols, phase):
 
 def channels_window(func, facts):
     """Schedule a sliding-window reduction over a channels-last tensor (an NHWC max / avg
-    pooling): the output's innermost axis is the channel, read at the same index, and the window
-    slides over axes further out, so `window`'s column vectors would be gathers. Here the
-    channels are the vector: the producers (the padding) are inlined, whose bound check then
-    holds for a whole vector of channels; rows run parallel over the cores, and per output
-    pixel each vector of channels is reduced over the window in registers. None when `func` is
-    not one (or its channels are not whole vectors), or TVM refuses a step."""
+    pooling, an NHWC depthwise conv with its bias and clip, a mean over H, W): the output's
+    innermost axis is the channel, read at the same index, and the window slides over axes
+    further out, so `window`'s column vectors would be gathers. Here the channels are the
+    vector: the producers (the padding) are inlined, whose bound check then holds for a whole
+    vector of channels; the output pixels run parallel over the cores, and per pixel each
+    vector of channels is reduced over the window in a register and leaves through the fused
+    consumers (`_fold_consumers`, as in `window`). A channel count that is not a multiple of
+    the lanes ends in a predicated vector. None when `func` is not one, or TVM refuses a step."""
     from tvm.s_tir.schedule import ScheduleError
 
     from .tir_blocks import dtype_bits
@@ -325,36 +330,49 @@ def channels_window(func, facts):
     if found is None:
         return None
     sch, blocks, red = found
-    lanes = facts.lanes(dtype_bits(sch.get(red).writes[0].source.dtype))
+    at = blocks.index(red)
     try:
-        for b in blocks[:blocks.index(red)]:
+        for b in blocks[:at]:
             sch.compute_inline(b)
-        for b in blocks[blocks.index(red) + 1:]:
-            sch.reverse_compute_inline(b)
-        kinds = [iv.iter_type for iv in sch.get(red).iter_vars]
-        loops = sch.get_loops(red)
-        n_sp = kinds.index(2)
-        if len(loops) != len(kinds) or n_sp < 3 or any(k != 2 for k in kinds[n_sp:]) \
-                or int(sch.get(loops[n_sp - 1]).extent) % lanes:
-            return None
-        c_o, c_i = sch.split(loops[n_sp - 1], factors=[None, lanes])
-        sch.reorder(*loops[:n_sp - 1], c_o, *loops[n_sp:], c_i)
-        sch.parallel(sch.fuse(*loops[:n_sp - 2]))   # the rows; the columns stay serial
-        sch.vectorize(c_i)   # before the init is split off: TVM checks a complete reduction
-        for lp in loops[n_sp:]:   # the window unrolled: the vector stays in a register
-            if _const_above(sch.get(lp).extent, 0) and sch.get(lp).extent.value <= UNROLL:
-                sch.unroll(lp)
-        sch.decompose_reduction(red, loops[n_sp])
+        last = _fold_consumers(sch, red, blocks[at + 1:])
+        lanes = facts.lanes(dtype_bits(sch.get(last).writes[0].source.dtype))
+        sch.compute_at(red, _pixels_parallel(sch, last, lanes, facts.cores),
+                       preserve_unit_loops=True)
+        _vectorize_accumulation(sch, red)
     except ScheduleError:
         return None
     return sch
 
 
+def _pixels_parallel(sch, last, lanes: int, cores: int):
+    """The output block's rows parallel (its columns with them where the rows are fewer than
+    `TASKS_PER_CORE` per core: 7 rows split 4 / 3 over two cores, 49 pixels 25 / 24), its
+    channels split into vectors of `lanes`, the inner one vectorized. Rows alone where they
+    suffice: with the pixels fused, ResNet-18's NHWC max-pool (64 x 112 x 112, stride 2)
+    computed each pixel's row and column by a division and ran 110-160 us, 57-70 with rows
+    (2-core Xeon, benchmarks/README.md "mnv43"). Returns the outer channel loop, under which
+    the reduction is computed."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    loops = sch.get_loops(last)
+    if len(loops) < 2:
+        raise ScheduleError("a channels-last window output needs pixels and channels")
+    tasks = sch.fuse(*loops[:-2]) if len(loops) > 2 else loops[0]
+    if len(loops) > 2 and not _const_above(sch.get(tasks).extent, TASKS_PER_CORE * cores - 1):
+        tasks = sch.fuse(tasks, loops[-2])
+    sch.parallel(tasks)
+    c_outer, c_inner = sch.split(loops[-1], factors=[None, lanes])
+    sch.vectorize(c_inner)
+    return c_outer
+
+
 def _channels_inner(block) -> bool:
     """The output's innermost index is a spatial iter var (extent > 1) that is the innermost
-    index of every other read too, and the reduction vars index the reads elsewhere: a window
-    over channels-last data."""
+    index of every other read too (an NHWC depthwise conv reads `c + rc` with its group's
+    reduction `rc` of extent 1: taken as `c`), and the reduction vars index the reads
+    elsewhere: a window over channels-last data."""
     from tvm import tirx
+    from tvm.sym import Analyzer
 
     if not block.writes[0].region:
         return False
@@ -364,7 +382,11 @@ def _channels_inner(block) -> bool:
             or not _const_above(iv.dom.extent, 1):
         return False
     out = block.writes[0].source
-    window = [v.var for v in block.iter_vars if v.iter_type != 0]
+    window = [v for v in block.iter_vars if v.iter_type != 0]
+    ana = Analyzer()
+    for v in window:
+        if not _const_above(v.dom.extent, 1):
+            ana.bind(v.var, tirx.const(0, str(v.var.ty)))
     reads = [r for r in block.reads if not r.source.same_as(out) and r.region]
-    return bool(reads) and all(r.region[-1].min.same_as(last) for r in reads) and any(
-        _uses(e.min, rv) for r in reads for e in r.region[:-1] for rv in window)
+    return bool(reads) and all(ana.simplify(r.region[-1].min).same_as(last) for r in reads) \
+        and any(_uses(e.min, v.var) for r in reads for e in r.region[:-1] for v in window)
