@@ -143,6 +143,7 @@ CHANNELS = (("co",), ("n_oh_co", "co"))
                                                            (24, 9, 16, 3, 2, EVERY, "NCHW"),
                                                            (24, 5, 96, 3, 1, EVERY, "NCHW"),
                                                            (24, 5, 96, 3, 1, CHANNELS, "NHWC"),
+                                                           (16, 8, 16, 3, 1, CHANNELS, "NHWC"),
                                                            (40, 9, 24, 1, 1, EVERY, "NHWC")])
 def test_pointwise_conv_splits_the_larger_operand(machine, c, hw, k, r, stride, space, layout):
     """A 1x1 implicit-GEMM conv where one operand is 3x the other spreads over the cores only
@@ -152,9 +153,10 @@ def test_pointwise_conv_splits_the_larger_operand(machine, c, hw, k, r, stride, 
     three calls in the model, mnv40; stride 2 too: ResNet-18's downsample 64x56x56->128,
     0.155 -> 0.106 ms in the model, res41; benchmarks/README.md). Weights 3x the input
     (output channels >= 3 x pixels): the channel blocks outermost and split, so each core
-    streams half the weights (320x7x7->1280, and the other 7x7 convs, mnv41), and so for an
-    NHWC conv of any window (weights K x R x S >= 3 x pixels: ResNet-18's 256x14x14 3x3, res43).
-    Near a tie, for an NCHW 3x3 conv and for an NHWC conv's larger input, every split. Checked
+    streams half the weights (320x7x7->1280, and the other 7x7 convs, mnv41); an NHWC conv with
+    a window as soon as its weights are the larger (K x R x S >= pixels: ResNet-18's 3x3 convs
+    at 28x28 and 14x14, res43). Near a tie, for an NCHW 3x3 conv and for an NHWC conv's
+    larger input, every split. Checked
     against NumPy with a residual, 9 and 5 columns no multiple of the tile."""
     op = ops.conv2d(1, c, hw, hw, k, r, r, stride=stride, padding=r // 2, layout=layout,
                     epilogue=ops.bias() + ops.residual())

@@ -223,15 +223,17 @@ def _pointwise_split(op) -> tuple:
     rows of the input (which the previous kernel has just written across the cores) and not
     all of it (MobileNetV2's 384->64 @14 + residual: 0.415 -> 0.325 ms over its three calls in
     the model, benchmarks/README.md, mnv40; stride 2 too: ResNet-18's downsample 64x56x56->128
-    0.155 -> 0.106 ms, 128x28x28->256 0.121 -> 0.093, res41). Weights larger (1x1 NCHW convs and
-    NHWC convs of any window): the channel blocks outermost and split (alone or fused with the rows after them),
-    so that each core streams half the weights, not all of them (320->1280 @7 + clip, weights
-    26 times the input: the model had picked the row blocks outermost, fused, so both cores
-    read all 1.6 MB; mnv41. ResNet-18's NHWC 256x14x14 3x3 + residual, weights 12 times the
-    input: 1.08x NCHW's time with the rows split, 0.98-1.03x with the channels, the 2.4 MB
-    of weights through each core's L2 the difference; res43). The input is counted whole,
-    strided or not. A batch keeps every split (a GPU grid needs `n` in it), and so do NCHW
-    convs with a window (not measured)."""
+    0.155 -> 0.106 ms, 128x28x28->256 0.121 -> 0.093, res41). Weights larger (1x1 convs; NHWC
+    convs with a window as soon as the weights are the larger, the split that moves less per
+    core): the channel blocks outermost and split (alone or fused with the rows after
+    them), so that each core streams half the weights, not all of them (320->1280 @7 + clip,
+    weights 26 times the input: the model had picked the row blocks outermost, fused, so both
+    cores read all 1.6 MB; mnv41). The model prices the two splits of ResNet-18's NHWC 3x3
+    convs level, and the rows' ran slower inside the model: 256x14x14 (weights 12x the input)
+    1.05-1.08x NCHW's time per call site, 0.99-1.03x split by channels; 128x28x28 (weights
+    1.5x) 1.05x, 0.96-0.97x by channels (res43). The input is counted whole, strided or not. A
+    batch keeps every split (a GPU grid needs `n` in it), and so do NCHW convs with a window
+    (not measured)."""
     every = (("oh", "co"), ("n_oh_co", "co", "oh"))
     n, c, h, w, k, r, s = op.params["shape"]
     dims = (c, h, w, k)
@@ -239,7 +241,8 @@ def _pointwise_split(op) -> tuple:
     if n != 1 or not all(isinstance(d, int) for d in dims) or not (
             pointwise or op.params.get("layout") == "NHWC"):
         return every
-    if k * r * s >= SPLIT_RATIO * h * w:
+    # An NHWC window's weights are split once they are the larger operand (measured there).
+    if k * r * s >= (1 if r * s > 1 and not pointwise else SPLIT_RATIO) * h * w:
         return ("co",), ("n_oh_co", "co")
     if pointwise and h * w >= SPLIT_RATIO * k:
         return every[0], ("oh",)
