@@ -156,8 +156,8 @@ def test_pointwise_conv_splits_the_larger_operand(machine, c, hw, k, r, stride, 
     streams half the weights (320x7x7->1280, and the other 7x7 convs, mnv41); an NHWC conv with
     a window as soon as its weights are the larger (K x R x S >= pixels: ResNet-18's 3x3 convs
     at 28x28 and 14x14, res43). Near a tie, for an NCHW 3x3 conv and for an NHWC conv's
-    larger input, every split. Checked
-    against NumPy with a residual, 9 and 5 columns no multiple of the tile."""
+    larger input, every split. Checked against NumPy with a residual, 9 and 5 columns no
+    multiple of the tile."""
     op = ops.conv2d(1, c, hw, hw, k, r, r, stride=stride, padding=r // 2, layout=layout,
                     epilogue=ops.bias() + ops.residual())
     art = tsl.build(op, machine)
