@@ -132,17 +132,20 @@ ROWS = (EVERY[0], ("oh",))
 CHANNELS = (("co",), ("n_oh_co", "co"))
 
 
-@pytest.mark.parametrize("c,hw,k,r,stride,space", [(384, 14, 64, 1, 1, ROWS),
-                                                    (40, 9, 24, 1, 1, ROWS),
-                                                    (40, 9, 24, 1, 2, ROWS),
-                                                    (320, 7, 1280, 1, 1, CHANNELS),
-                                                    (40, 5, 96, 1, 1, CHANNELS),
-                                                    (384, 14, 96, 1, 1, EVERY),
-                                                    (64, 28, 288, 1, 2, EVERY),
-                                                    (24, 9, 16, 3, 1, EVERY),
-                                                    (24, 9, 16, 3, 2, EVERY),
-                                                    (24, 5, 96, 3, 1, EVERY)])
-def test_pointwise_conv_splits_the_larger_operand(machine, c, hw, k, r, stride, space):
+@pytest.mark.parametrize("c,hw,k,r,stride,space,layout", [(384, 14, 64, 1, 1, ROWS, "NCHW"),
+                                                           (40, 9, 24, 1, 1, ROWS, "NCHW"),
+                                                           (40, 9, 24, 1, 2, ROWS, "NCHW"),
+                                                           (320, 7, 1280, 1, 1, CHANNELS, "NCHW"),
+                                                           (40, 5, 96, 1, 1, CHANNELS, "NCHW"),
+                                                           (384, 14, 96, 1, 1, EVERY, "NCHW"),
+                                                           (64, 28, 288, 1, 2, EVERY, "NCHW"),
+                                                           (24, 9, 16, 3, 1, EVERY, "NCHW"),
+                                                           (24, 9, 16, 3, 2, EVERY, "NCHW"),
+                                                           (24, 5, 96, 3, 1, EVERY, "NCHW"),
+                                                           (24, 5, 96, 3, 1, CHANNELS, "NHWC"),
+                                                           (16, 8, 16, 3, 1, CHANNELS, "NHWC"),
+                                                           (40, 9, 24, 1, 1, EVERY, "NHWC")])
+def test_pointwise_conv_splits_the_larger_operand(machine, c, hw, k, r, stride, space, layout):
     """A 1x1 implicit-GEMM conv where one operand is 3x the other spreads over the cores only
     splits that cut the larger one, as its in-place GEMM form does. Input 3x the weights
     (input pixels >= 3 x output channels): only the row blocks, so each core reads its own
@@ -150,16 +153,31 @@ def test_pointwise_conv_splits_the_larger_operand(machine, c, hw, k, r, stride, 
     three calls in the model, mnv40; stride 2 too: ResNet-18's downsample 64x56x56->128,
     0.155 -> 0.106 ms in the model, res41; benchmarks/README.md). Weights 3x the input
     (output channels >= 3 x pixels): the channel blocks outermost and split, so each core
-    streams half the weights (320x7x7->1280, and the other 7x7 convs, mnv41). Near a tie, and
-    for a 3x3 conv, every split. Checked against NumPy with a residual, 9 and 5 columns no
+    streams half the weights (320x7x7->1280, and the other 7x7 convs, mnv41); an NHWC conv with
+    a window as soon as its weights are the larger (K x R x S >= pixels: ResNet-18's 3x3 convs
+    at 28x28 and 14x14, res43). Near a tie, for an NCHW 3x3 conv and for an NHWC conv's
+    larger input, every split. Checked against NumPy with a residual, 9 and 5 columns no
     multiple of the tile."""
-    op = ops.conv2d(1, c, hw, hw, k, r, r, stride=stride, padding=r // 2,
+    op = ops.conv2d(1, c, hw, hw, k, r, r, stride=stride, padding=r // 2, layout=layout,
                     epilogue=ops.bias() + ops.residual())
     art = tsl.build(op, machine)
     assert (art.schedule.space["outer"], art.schedule.space["parallel_axes"]) == space
     xs = op.random_inputs(4)
     ok, err = op.check(art.run(*xs), op.reference(*xs))
     assert ok, f"{op} on {machine.name}: error {err}"
+
+
+def test_nhwc_conv_whose_weights_outgrow_the_input_is_not_split_by_rows():
+    """ResNet-18's NHWC 256x14x14 3x3 conv (2.4 MB of weights, 12 times its input): the model
+    priced splitting its row blocks over the cores (each core streaming all the weights) level
+    with splitting its channel blocks, and picked the rows, which ran 1.08x NCHW's time with a
+    residual against 0.98-1.03x split by channels (2-core Emerald Rapids, benchmarks/README.md
+    "res43"). The model's pick splits the channel blocks, outermost."""
+    m = tsl.load_machine("x86-avx512")
+    op = ops.conv2d(1, 256, 14, 14, 256, 3, 3, padding=1, layout="NHWC",
+                    epilogue=ops.bias() + ops.residual() + ops.relu())
+    knobs = tsl.schedule(op, m).knob_values
+    assert knobs["outer"] == "co" and knobs["parallel_axes"] in ("co", "n_oh_co")
 
 
 def test_unpacked_load_rate_leaves_packed_schedules_alone():

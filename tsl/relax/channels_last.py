@@ -3,12 +3,12 @@
 An imported CNN is NCHW throughout. tsl's NCHW conv keeps output channels on the vector lanes
 and transposes each output tile at the store; its NHWC conv stores the tile as it is, and a
 channels-last window (max-pool, depthwise conv) or 1x1 conv reads channels contiguously. Which
-one is faster depends on the layer (ResNet-18, 2-core Xeon, benchmarks/README.md "nhwc42": the
-3->64 7x7 stem 0.81x, the 64x56x56 3x3 convs 0.93-0.96x, the 28x28 and smaller 3x3 convs
-1.04-1.2x NHWC's time over NCHW's; MobileNetV2 "mnv43": its 1x1 and depthwise convs 0.6-0.9x),
-so the layout is a decision for the graph: a prefix of its convs (in binding order) runs
-channels-last, the rest NCHW, chosen by the prices of each conv in both layouts plus the
-conversions the prefix needs. A conv is priced by the model's estimates of tsl's conv2d, a
+one is faster depends on the layer (2-core Xeon, NHWC's time over NCHW's, benchmarks/README.md:
+ResNet-18's 3->64 7x7 stem 0.81x, its 64x56x56 3x3 convs 0.93-0.96x ("nhwc42"), its 28x28-7x7
+3x3 convs 0.96-1.03x ("res43"), its 1x1 stride-2 convs 0.56-0.69x; MobileNetV2's 1x1 and
+depthwise convs 0.6-0.9x ("mnv43")), so the layout is a decision for the graph: a prefix of its
+convs (in binding order) runs channels-last, the rest NCHW, chosen by the prices of each conv
+in both layouts plus the conversions the prefix needs. A conv is priced by the model's estimates of tsl's conv2d, a
 depthwise conv by a roofline of its window rules (`_depthwise_seconds`). The prefix grows
 while each conv it takes is priced no dearer channels-last (the first that is not ends it: the
 model then prices no further conv, a second search per conv being most of the plan's time);
@@ -25,13 +25,13 @@ from __future__ import annotations
 import numpy as np
 
 MARGIN = 0.04
-"""The model tells tsl's two conv layouts apart no better than this, and what it misses leans
-one way per kind of conv (benchmarks/README.md): ResNet-18's 28x28-7x7 3x3 convs, priced
-0.97-1.00x in NHWC, ran 1.04-1.2x ("nhwc42"), so a conv with a window is priced at
-(1 + MARGIN) times the model's NHWC estimate (a conversion is only planned for a gain beyond
-what the model tells apart); MobileNetV2's 1x1 convs at 14x14 and 7x7, priced 0.91-1.01x, ran
-0.53-0.91x ("mnv43"), so a 1x1 conv is priced as the model says, and one priced up to MARGIN
-dearer does not end the prefix (its loss is counted)."""
+"""How much dearer than NCHW a 1x1 conv may be priced channels-last and not end the prefix (its
+loss is still counted): the model prices MobileNetV2's 1x1 convs at 14x14 and 7x7 0.91-1.01x in
+NHWC and they ran 0.53-0.91x (benchmarks/README.md "mnv43"). Convs with a window are priced as
+the model says: their NHWC tiles ran 1.04-1.2x NCHW's time at 28x28-7x7 while the model priced
+0.97-1.00x ("nhwc42") only while they split their rows over the cores, each core streaming all
+the weights; with their channel blocks split (`schedules._pointwise_split`) they run 0.96-1.03x,
+as the model says ("res43")."""
 
 EFFORT = 0.125
 """The plan prices a conv with an eighth of the swap's search (its random sample and the
@@ -117,14 +117,12 @@ def _plannable(func, machine) -> list:
 
 
 def _prices(call, machine) -> tuple:
-    """(NCHW, NHWC) seconds of a plannable conv: the model's estimates of tsl's conv2d, the
-    channels-last one of a conv with a window times (1 + `MARGIN`), or a depthwise conv's
-    roofline."""
+    """(NCHW, NHWC) seconds of a plannable conv: the model's estimates of tsl's conv2d, or a
+    depthwise conv's roofline."""
     ops = _operators(call)
     if ops is None:
         return _depthwise_seconds(call, machine)
-    nchw, nhwc = (_seconds(op, machine) for op in ops)
-    return nchw, nhwc * (1 + MARGIN * (_tolerance(call) == 0))
+    return tuple(_seconds(op, machine) for op in ops)
 
 
 def _tolerance(call) -> float:

@@ -216,29 +216,36 @@ def schedule_conv2d(s: Schedule) -> None:
 
 
 def _pointwise_split(op) -> tuple:
-    """The conv's (`outer`, `parallel_axes`) choices: for a 1x1 NCHW conv of one image
-    where one operand is `SPLIT_RATIO` times the other, only the splits over the cores that
-    cut the larger one, as the in-place GEMM's (`_in_place_outer`, the same convs' other form).
-    Input larger: only the row blocks ("oh"), so that each core reads its rows of the input
-    (which the previous kernel has just written across the cores) and not all of it
-    (MobileNetV2's 384->64 @14 + residual: 0.415 -> 0.325 ms over its three calls in the
-    model, benchmarks/README.md, mnv40; stride 2 too: ResNet-18's downsample 64x56x56->128
-    0.155 -> 0.106 ms, 128x28x28->256 0.121 -> 0.093, res41). Weights larger: the channel
-    blocks outermost and split (alone or fused with the rows after them), so that each core
-    streams half the weights, not all of them (320->1280 @7 + clip, weights 26 times the
-    input: the model had picked the row blocks outermost, fused, so both cores read all
-    1.6 MB; mnv41). The input is counted whole, strided or not. A batch keeps every split (a
-    GPU grid needs `n` in it), and NHWC convs too (not measured)."""
+    """The conv's (`outer`, `parallel_axes`) choices for one image: where one operand is
+    `SPLIT_RATIO` times the other, only the splits over the cores that cut the larger one, as
+    the in-place GEMM's (`_in_place_outer`, the 1x1 convs' other form).
+    Input larger (1x1 NCHW convs): only the row blocks ("oh"), so that each core reads its
+    rows of the input (which the previous kernel has just written across the cores) and not
+    all of it (MobileNetV2's 384->64 @14 + residual: 0.415 -> 0.325 ms over its three calls in
+    the model, benchmarks/README.md, mnv40; stride 2 too: ResNet-18's downsample 64x56x56->128
+    0.155 -> 0.106 ms, 128x28x28->256 0.121 -> 0.093, res41). Weights larger (1x1 convs; NHWC
+    convs with a window as soon as the weights are the larger, the split that moves less per
+    core): the channel blocks outermost and split (alone or fused with the rows after
+    them), so that each core streams half the weights, not all of them (320->1280 @7 + clip,
+    weights 26 times the input: the model had picked the row blocks outermost, fused, so both
+    cores read all 1.6 MB; mnv41). The model prices the two splits of ResNet-18's NHWC 3x3
+    convs level, and the rows' ran slower inside the model: 256x14x14 (weights 12x the input)
+    1.05-1.08x NCHW's time per call site, 0.99-1.03x split by channels; 128x28x28 (weights
+    1.5x) 1.05x, 0.96-0.97x by channels (res43). The input is counted whole, strided or not. A
+    batch keeps every split (a GPU grid needs `n` in it), and so do NCHW convs with a window
+    (not measured)."""
     every = (("oh", "co"), ("n_oh_co", "co", "oh"))
     n, c, h, w, k, r, s = op.params["shape"]
     dims = (c, h, w, k)
-    if ((n, r, s, op.params.get("layout")) != (1, 1, 1, "NCHW")
-            or not all(isinstance(d, int) for d in dims)):
+    pointwise = (r, s, op.params.get("layout")) == (1, 1, "NCHW")
+    if n != 1 or not all(isinstance(d, int) for d in dims) or not (
+            pointwise or op.params.get("layout") == "NHWC"):
         return every
-    if h * w >= SPLIT_RATIO * k:
-        return every[0], ("oh",)
-    if k >= SPLIT_RATIO * h * w:
+    # An NHWC window's weights are split once they are the larger operand (measured there).
+    if k * r * s >= (1 if r * s > 1 and not pointwise else SPLIT_RATIO) * h * w:
         return ("co",), ("n_oh_co", "co")
+    if pointwise and h * w >= SPLIT_RATIO * k:
+        return every[0], ("oh",)
     return every
 
 
