@@ -7,16 +7,16 @@ one is faster depends on the layer (2-core Xeon, NHWC's time over NCHW's, benchm
 ResNet-18's 3->64 7x7 stem 0.81x, its 64x56x56 3x3 convs 0.93-0.96x ("nhwc42"), its 28x28-7x7
 3x3 convs 0.96-1.03x ("res43"), its 1x1 stride-2 convs 0.56-0.69x; MobileNetV2's 1x1 and
 depthwise convs 0.6-0.9x ("mnv43")), so the layout is a decision for the graph: a prefix of its
-convs (in binding order) runs channels-last, the rest NCHW, chosen by the prices of each conv
-in both layouts plus the conversions the prefix needs. A conv is priced by the model's estimates
-of tsl's conv2d, a depthwise conv by a roofline of its window rules (`_depthwise_seconds`). The
+convs (in binding order) runs channels-last, the rest NCHW, chosen by the prices of each conv in
+both layouts plus the conversions the prefix needs. A conv is priced by the model's estimates of
+tsl's conv2d, a depthwise conv by a roofline of its window rules (`_depthwise_seconds`). The
 prefix grows while each conv it takes is priced no dearer channels-last (the first that is not
 ends it: the model then prices no further conv, a second search per conv being most of the
-plan's time); of those prefixes, the cheapest with its conversions is taken, or none (`_cheapest_prefix`).
-`relax.transform.ConvertLayout` makes each candidate (one `permute_dims` at the entry, one
-where the prefix ends; every op between must have a layout rule, else it is wrapped in
-conversions, which the price then counts: TVM 0.27 has none for `clip`, so ReLU6 crosses as
-the maximum and minimum it is, `_clips_as_bounds`). A back end offers the layouts
+plan's time); of those prefixes, the cheapest with its conversions is taken, or none
+(`_cheapest_prefix`). `relax.transform.ConvertLayout` makes each candidate (one `permute_dims`
+at the entry, one where the prefix ends; every op between must have a layout rule, else it is
+wrapped in conversions, which the price then counts: TVM 0.27 has none for `clip`, so ReLU6
+crosses as the maximum and minimum it is, `_clips_as_bounds`). A back end offers the layouts
 (`Backend.relax_layouts`); with NCHW alone nothing changes.
 """
 
