@@ -50,6 +50,21 @@ def _imported(model, x):
     return from_exported_program(ep, keep_params_as_input=False)
 
 
+def _matches_pytorch(mod, model, x):
+    """`mod` compiled through the host's pipeline gives `model`'s output on `x`."""
+    import tvm
+    from tvm import relax
+
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    got = (out[0] if not hasattr(out, "numpy") else out).numpy()
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def _activation_permutes(func) -> list:
     """The `permute_dims` calls of `func` on activations (not constants)."""
     import tvm
@@ -91,7 +106,6 @@ def test_the_planned_cnn_matches_pytorch_and_its_convs_read_nhwc():
     functions tsl takes read channels-last data wherever the plan says so, and the model's
     result matches PyTorch's."""
     import tvm
-    from tvm import relax
 
     from tsl.relax.channels_last import plan
     from tsl.relax.targets import machine_for
@@ -103,14 +117,7 @@ def test_the_planned_cnn_matches_pytorch_and_its_convs_read_nhwc():
                  machine_for("cpu"))[1]
     rep = tsl.relax.report(mod, "cpu")
     assert len(rep.taken) == 4 and not rep.left  # 3 convs and the linear head
-    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu"),
-                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
-    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
-    got = (out[0] if not hasattr(out, "numpy") else out).numpy()
-    with torch.no_grad():
-        want = model(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    _matches_pytorch(mod, model, x)
     tgt = tsl.relax.tvm_target("cpu")
     with tgt:
         fused = tvm.transform.Sequential(tsl.relax._stages(tgt, machine_for("cpu"))[0])(mod)
@@ -282,7 +289,6 @@ def test_an_inverted_residual_block_is_planned_channels_last_through_its_depthwi
     conversion at the entry and one at the exit, the ReLU6s still clips; through the host's
     pipeline the result matches PyTorch."""
     import tvm
-    from tvm import relax
 
     from tsl.relax.channels_last import plan
     from tsl.tam import load
@@ -301,11 +307,4 @@ def test_an_inverted_residual_block_is_planned_channels_last_through_its_depthwi
     text = planned["main"].script()
     assert k == 4 and text.count('data_layout="NHWC"') == 4 and text.count("R.clip") == 3
     assert len(_activation_permutes(planned["main"])) == 2
-    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
-                     relax_pipeline=tsl.relax.pipeline("cpu"),
-                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
-    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
-    got = (out[0] if not hasattr(out, "numpy") else out).numpy()
-    with torch.no_grad():
-        want = model(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    _matches_pytorch(mod, model, x)
