@@ -137,12 +137,8 @@ def _depthwise(call, machine):
     output channel per group, constant weights, even strides, no dilation, static shapes) in
     a float dtype the machine has a peak for, else None: the convs `window.window` (NCHW)
     and `window.channels_window` (NHWC) schedule."""
-    from tvm.ir.expr import Constant
-
     a = call.attrs
-    if not isinstance(call.args[1], Constant) or (
-            str(a.data_layout), str(a.kernel_layout), str(a.out_layout) or "NCHW") != (
-                "NCHW", "OIHW", "NCHW") or not str(call.ty.dtype).startswith("float") \
+    if not _nchw_of_constant_weights(call) or not str(call.ty.dtype).startswith("float") \
             or str(call.ty.dtype) not in machine.peaks:
         return None
     st, dil = ({int(v) for v in x} for x in (a.strides, a.dilation))
@@ -184,15 +180,11 @@ def _operators(call):
     conv2d takes (grouped, computed weights, uneven padding or strides, symbolic shapes) or
     not a float conv of one dtype throughout (a quantized graph keeps the layout its
     requantize chains are matched in)."""
-    from tvm.ir.expr import Constant
-
     from ..errors import TSLError
     from ..ops import defs
 
     a = call.attrs
-    if not isinstance(call.args[1], Constant) or int(a.groups) != 1 or (
-            str(a.data_layout), str(a.kernel_layout), str(a.out_layout) or "NCHW") != (
-                "NCHW", "OIHW", "NCHW"):
+    if not _nchw_of_constant_weights(call) or int(a.groups) != 1:
         return None
     dtypes = {str(e.ty.dtype) for e in (call, *call.args)}
     if len(dtypes) != 1 or not dtypes.pop().startswith("float"):
@@ -208,6 +200,17 @@ def _operators(call):
                      for lay in ("NCHW", "NHWC"))
     except (TypeError, ValueError, TSLError):
         return None
+
+
+def _nchw_of_constant_weights(call) -> bool:
+    """`call` is an NCHW / OIHW conv (the layouts the plan converts from) whose weights are a
+    constant (permuted once, in NumPy, `_permuted_constants`)."""
+    from tvm.ir.expr import Constant
+
+    a = call.attrs
+    return isinstance(call.args[1], Constant) and (
+        str(a.data_layout), str(a.kernel_layout), str(a.out_layout) or "NCHW") == (
+            "NCHW", "OIHW", "NCHW")
 
 
 def _seconds(op, machine) -> float:
