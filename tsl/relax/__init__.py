@@ -34,6 +34,7 @@ from .entry import one_dispatch
 from .quantize import quantize
 from .reshapes import injective_reshapes
 from .swap import Decision, Report, swap_pass
+from .winograd import winograd_pass
 from .targets import machine_for, tir_pipeline, tvm_target
 from .vta_run import run_vta
 
@@ -57,7 +58,7 @@ def _stages(tvm_tgt, machine=None):
                          if "AnnotateTIROpPattern" in str(p.info.name))
     legal = legal[:annotated] + [injective_reshapes()] + legal[annotated:]
     fuse_end += 1
-    plan = [] if machine is None else [channels_last_pass(machine)]
+    plan = [] if machine is None else [channels_last_pass(machine), winograd_pass(machine)]
     return (import_passes() + plan + fast + be.library_dispatch_passes(tvm_tgt)
             + legal[:fuse_end],
             legal[fuse_end:] + be.dataflow_lower_passes(tvm_tgt) + be.finalize_passes(tvm_tgt))

@@ -1,0 +1,106 @@
+"""Winograd F(2x2, 3x3) for channels-last 3x3 stride-1 convs (`tsl.relax.winograd`): the input
+transform, the batch GEMM with the transformed weights and the output transform give the conv's
+result at odd spatial sizes and channel counts that are not multiples of the vector, and an
+imported CNN (both frontends) has its convs rewritten where the model prices them lower, its
+bias, BatchNorm, residual add and relu fused after the output transform, nothing unscheduled."""
+
+import numpy as np
+import pytest
+
+import tsl.relax
+from tsl.relax import winograd
+
+torch = pytest.importorskip("torch", reason="the comparisons need PyTorch "
+                                            "(pip install -e '.[test]' brings the CPU build)")
+
+from test_imported import _compile_and_run, _imported, _randomized  # noqa: E402
+
+
+def _fused_names(mod) -> list[str]:
+    """The PrimFuncs of `mod` after the host's pipeline up to fusion."""
+    import tvm
+
+    from tsl.relax import _stages, machine_for, tvm_target
+
+    tgt = tvm_target("cpu")
+    with tgt:
+        fused = tvm.transform.Sequential(_stages(tgt, machine_for("cpu"))[0])(mod)
+    return [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+# (h, w, c, k, padding): odd sizes, 7x7, channels of 3, 20, 24 (not multiples of 16 lanes).
+SHAPES = [(7, 7, 3, 20, 1), (13, 13, 20, 24, 1), (15, 9, 24, 20, 0)]
+
+
+def test_the_transforms_and_batch_gemm_match_the_direct_conv(monkeypatch):
+    """Each conv forced through the rewrite (the model prices these small convs direct), with
+    bias and relu; one module, one compile."""
+    import tvm
+    from tvm import relax
+
+    monkeypatch.setattr(winograd, "_cheaper", lambda *_: True)
+    rng = np.random.default_rng(0)
+    bb, params, xs, wants = relax.BlockBuilder(), [], [], []
+    weights = [rng.uniform(-1, 1, (3, 3, c, k)).astype("float32") for _, _, c, k, _ in SHAPES]
+    biases = [rng.uniform(-1, 1, (1, 1, 1, k)).astype("float32") for *_, k, _ in SHAPES]
+    for i, (h, w, c, k, p) in enumerate(SHAPES):
+        params.append(relax.Var(f"x{i}", relax.TensorType((1, h, w, c), "float32")))
+        xs.append(rng.uniform(-1, 1, (1, h, w, c)).astype("float32"))
+        conv = torch.nn.functional.conv2d(torch.from_numpy(xs[-1]).permute(0, 3, 1, 2),
+                                          torch.from_numpy(weights[i]).permute(3, 2, 0, 1),
+                                          padding=p)
+        wants.append(np.maximum(conv.permute(0, 2, 3, 1).numpy() + biases[i], 0))
+    with bb.function("main", params):
+        with bb.dataflow():
+            outs = [bb.emit(relax.op.nn.relu(relax.op.add(relax.op.nn.conv2d(
+                x, relax.const(wt), padding=p, data_layout="NHWC", kernel_layout="HWIO"),
+                relax.const(b)))) for x, wt, b, (*_, p) in zip(params, weights, biases, SHAPES)]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    mod, rewritten = winograd.rewrite(bb.get(), tsl.relax.machine_for("cpu"))
+    assert rewritten == len(SHAPES)
+    ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
+                     relax_pipeline=tsl.relax.pipeline("cpu"),
+                     tir_pipeline=tsl.relax.tir_pipeline("cpu"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*(tvm.runtime.tensor(x) for x in xs))
+    for g, want in zip(got, wants):
+        np.testing.assert_allclose(g.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+class _Block(torch.nn.Module):
+    """A 3-channel conv-BN-relu (priced direct), then two 40-channel 3x3 convs (priced
+    Winograd): conv-BN + skip, relu; a conv with bias and no padding (an odd output size)."""
+
+    def __init__(self):
+        super().__init__()
+        c = 40
+        self.stem = torch.nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.bn0 = torch.nn.BatchNorm2d(c)
+        self.conv1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(c)
+        self.conv2 = torch.nn.Conv2d(c, 44, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.bn0(self.stem(x)))
+        x = torch.relu(self.bn1(self.conv1(x)) + x)
+        return self.conv2(x)
+
+
+@pytest.mark.parametrize("frontend,size", [("torch", (15, 9)), ("onnx", (13, 13))])
+def test_an_imported_cnn_goes_winograd_where_priced_lower_and_matches_pytorch(
+        frontend, size, tmp_path):
+    from tsl.relax.schedule_rest import unscheduled
+
+    model = _randomized(_Block())
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 3, *size)).astype("float32")
+    mod = _imported(model, x, frontend, tmp_path)
+    names = _fused_names(mod)
+    # Both 40-channel convs: their GEMMs alone, the residual add and relu after the transform.
+    assert sum(n.startswith("winograd_input") for n in names) == 2, names
+    assert any(n.startswith("fused_winograd_output") and n.endswith("relu") for n in names), names
+    assert sum("conv2d" in n for n in names) == 1, names  # the 3-channel stem stays direct
+    assert unscheduled(mod, "cpu") == []
+    got = _compile_and_run(mod, x)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
