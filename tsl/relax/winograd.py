@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .chains import KEEP_APART
+
 # F(2x2, 3x3)'s matrices (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks").
 _G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
 # Row a of B^T holds +1 at _P[a] and _SIGN[a] at _Q[a]: B^T = [[1,0,-1,0], [0,1,1,0],
@@ -169,7 +171,11 @@ def _input_transform(shape, dtype: str):
         return value
 
     out = te.compute(_int64(16, n * th * tw, c), v, name="winograd_input")
-    return te.create_prim_func([x, out]).without_attr("global_symbol")
+    # Fused with nothing (TVM's kOpaque) and merged with nothing (`chains.KEEP_APART`): the
+    # previous conv's output transform and relu computed inside it would be computed for each
+    # of the up to 16 reads of an element.
+    return (te.create_prim_func([x, out]).without_attr("global_symbol")
+            .with_attr("op_pattern", 8).with_attr(KEEP_APART, True))
 
 
 def _output_transform(shape, dtype: str):
