@@ -8,7 +8,9 @@
 `pipeline(target)` is TVM's default Relax pipeline for the target, with the imported graph's
 batch norms folded into its convs first (`tsl.relax.imports`), a prefix of its convs made
 channels-last where the cost model prices that lower, conversions included
-(`tsl.relax.channels_last`, on back ends offering NHWC), and one pass added right after
+(`tsl.relax.channels_last`, on back ends offering NHWC), the channels-last 3x3 stride-1
+convs the model prices lower so made Winograd F(2x2, 3x3) transforms around a batch GEMM
+(`tsl.relax.winograd`), and one pass added right after
 operator fusion: every fused PrimFunc that computes a matmul / linear / batch matmul /
 conv2d (with the bias add, relu and requantize after it) is recognized from its blocks
 (`tsl.relax.match`), built with tsl's schedule for the target's machine (or the best record of
@@ -41,7 +43,8 @@ from .vta_run import run_vta
 
 def _stages(tvm_tgt, machine=None):
     """TVM's default Relax pipeline for `tvm_tgt`, as (before fusion ends, after) pass lists;
-    with `machine`, the graph's layout plan for it (`channels_last`) after the import passes."""
+    with `machine`, the graph's layout plan for it (`channels_last`) and the Winograd convs it
+    prices lower (`winograd`) after the import passes."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu
     from tvm.relax.backend.cuda import pipeline as cuda
 
