@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..schedules.vector import ELEMENTS_TOGETHER
 from .chains import KEEP_APART
 
 # F(2x2, 3x3)'s matrices (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks").
@@ -171,7 +172,8 @@ def _input_transform(shape, dtype: str):
             value = tirx.if_then_else(e == e_, element(e_ // 4, e_ % 4), value)
         return value
 
-    out = te.compute(_int64(16, n * th * tw, c), v, name="winograd_input")
+    out = te.compute(_int64(16, n * th * tw, c), v, name="winograd_input",
+                     attrs={ELEMENTS_TOGETHER: 1})
     # Fused with nothing (TVM's kOpaque) and merged with nothing (`chains.KEEP_APART`): the
     # previous conv's output transform and relu computed inside it would be computed for each
     # of the up to 16 reads of an element.

@@ -40,6 +40,13 @@ from .window import channels_window, window
 # (a row on the stack, not a workspace allocated per row).
 UPPER_BOUNDS = "tsl.upper_bounds"
 
+ELEMENTS_TOGETHER = "tsl.elements_together"
+"""A block annotation: the block's outermost axis enumerates values computed from the same
+inputs (the 16 elements of a Winograd input tile). `injective` runs that axis inside the
+parallel loop over the others, so that a tile's inputs are read once, from L1, for all of them:
+ResNet-18 0.90x (0.87, 0.94) the time with the axis outermost (each pass re-reading the input
+from memory, 56x56x64: 0.37 ms a call against 0.22)."""
+
 
 @dataclass(frozen=True)
 class VectorFacts:
@@ -96,7 +103,12 @@ def injective(func, facts: VectorFacts):
         # innermost loop's vectors had bound checks LLVM could not prove uniform and ran as
         # scalars (25-49 ms against 0.23 ms at 56x56x64); split alone, each vector's check is one
         # branch on the outer loops' variables.
-        sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 1 else loops[0])
+        outer = loops[:-1]
+        if (ELEMENTS_TOGETHER in sch.get(blocks[0]).annotations and len(loops) > 2
+                and math.prod(ext[1:-1]) >= facts.cores):
+            sch.reorder(*loops[1:-1], loops[0])
+            outer = loops[1:-1]
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
         sch.vectorize(sch.split(loops[-1], factors=[None, lanes])[1])
         return sch
     fused = sch.fuse(*loops)
