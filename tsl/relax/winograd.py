@@ -77,8 +77,8 @@ def rewrite(mod, machine) -> tuple:
 
 def _winograd_shape(call, machine):
     """(n, h, w, c, k, padding) of an NHWC / HWIO 3x3 conv with stride 1, no dilation, one
-    group, equal padding on every side, static shapes and one float dtype the
-    machine has a peak for, else None."""
+    group, equal padding on every side, static shapes and one float dtype the machine has a
+    peak for, else None."""
     a = call.attrs
     if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout) or "NHWC") != (
             "NHWC", "HWIO", "NHWC") or int(a.groups) != 1:
