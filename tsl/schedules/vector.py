@@ -105,9 +105,10 @@ def _rows_of_wider_reads(sch, block, loops, lanes: int) -> bool:
     spans rows, and each lane is a gather (a div and a mod per lane): that crop took 64 us on
     a 2-core Zen 4, 28x28 48 -> 40 channels 36 us on 8 lanes. Here the rows run parallel
     (fused) and each row is copied in vectors of the largest power of two that divides it, up
-    to `lanes` (8 of 24 channels), or as a loop of its own where that is under 4: 20 and 21
-    us (each a call from Python, ~10 us of it the call). False, nothing done, where an extent is symbolic or every read's rows are the
-    output's (element-wise, broadcast)."""
+    to `lanes` (8 of 24 channels), or as a loop of its own where that is under 4: 21 and 22 us
+    (each a call from Python, ~10 us of it the call; benchmarks/README.md "mnv44"). False,
+    nothing done, where an extent is symbolic or every read's rows are the output's
+    (element-wise, broadcast)."""
     from tvm import tirx
 
     ext = [sch.get(lp).extent for lp in loops]
