@@ -136,6 +136,28 @@ def test_one_bound_call_reuses_its_staged_packed_inputs_at_any_value():
         assert ok, (s, err)
 
 
+def test_a_staged_input_s_padding_is_zero_again_after_another_value_wrote_there():
+    # a kernel's staging buffers are shared by every value it runs: a value's zeros past its
+    # input are written again only where another value's call wrote there (`Fill`), and an
+    # input that nothing pads (whole blocks) is packed from the caller's array directly
+    fam = tsl.ops.batch_matmul(3, sym("s", upper=40), sym("s", upper=40), 16,
+                               transpose_b=True)
+    art = tsl.build(fam, "cpu")
+    f = art.bind()
+    top = art.table.at(40)
+    whole = next(v for v in range(40, 0, -1) if all(
+        v % b == 0 for b in art.kernels[art.table.at(v).kernel].blocks.values()))
+    for s in (top.lo, 40, top.lo, top.lo, whole, top.lo):
+        xs = fam.random_inputs(seed=s, s=s)
+        ok, err = fam.at(s=s).check(f(*xs), fam.reference(*xs, s=s))
+        assert ok, (s, err)
+        stage = f.bounds[art.table.at(s).kernel].staging.at(s)
+        for fill in stage.inputs:
+            assert all(not fill.dst[z].any() for z in fill.past), (s, fill.i)
+    assert any(fill.direct for fill in
+               f.bounds[art.table.at(whole).kernel].staging.at(whole).inputs)
+
+
 def test_attention_values_times_scores_with_the_sequence_in_the_reduction():
     fam = tsl.ops.batch_matmul(2, sym("s", upper=40), 16, sym("s", upper=40))
     art = tsl.build(fam, "cpu")

@@ -685,3 +685,47 @@ def test_a_row_sum_is_padded_only_where_its_init_is_the_identity(init, padded):
         out = tvm.runtime.tensor(np.zeros(4, "float32"))
         lib["main"](tvm.runtime.tensor(x), out)
         np.testing.assert_allclose(out.numpy(), x.sum(1) + init, rtol=1e-5, atol=1e-6)
+
+
+def _rows_copy_mod(rows: tuple, src: int, dst: int):
+    """(*rows, src) -> (*rows, dst): the swap's crop of padded channels (dst < src, the first
+    dst of each row) or pad (dst > src, zeros past src), as the swap writes them."""
+    import tvm
+    from tvm import te
+
+    from tsl.relax.swap import _crop_te, _pack_te
+
+    x = te.placeholder((*rows, src), "float32", name="x")
+    y = (_crop_te((*rows, src), (*rows, dst), (*rows, dst), "float32") if dst < src else
+         _pack_te((*rows, src), (*rows, dst), None, "float32", "pad"))(x)
+    return tvm.IRModule({"main": te.create_prim_func([x, y])})
+
+
+@pytest.mark.parametrize("bits", [512, 256])
+@pytest.mark.parametrize("rows,src,dst,vector", [((1, 5, 6), 32, 24, 8), ((1, 3, 4), 48, 40, 8),
+                                                 ((1, 3, 4), 32, 19, None),
+                                                 ((2, 7), 24, 32, 16)])
+def test_copies_between_rows_of_other_widths_run_rows_parallel_in_whole_vectors(
+        bits, rows, src, dst, vector):
+    """A crop of padded channels (or a pad to them): rows parallel, each row in vectors of the
+    largest power of two dividing it up to the lanes (no gather across rows), or a loop of its
+    own under 4; the result NumPy's."""
+    import tvm
+
+    left = []
+    mod = schedule_rest(VectorFacts(vector_bits=bits, cores=2), left)(
+        _rows_copy_mod(rows, src, dst))
+    assert not left
+    text = mod["main"].script()
+    assert "T.parallel" in text
+    if vector is None:
+        assert "T.vectorized" not in text
+    else:
+        assert f"T.vectorized({min(vector, bits // 32)})" in text
+    lib = tvm.compile(mod, target="llvm")
+    x = np.random.default_rng(0).standard_normal((*rows, src)).astype("float32")
+    y = tvm.runtime.tensor(np.full((*rows, dst), np.nan, "float32"))
+    lib["main"](tvm.runtime.tensor(x), y)
+    want = x[..., :dst] if dst < src else np.concatenate(
+        [x, np.zeros((*rows, dst - src), "float32")], axis=-1)
+    np.testing.assert_array_equal(y.numpy(), want)
