@@ -356,8 +356,9 @@ def format_rows(rows) -> str:
 
 
 def format_profile(row, top: int = 12) -> str:
-    """tsl kernels (GEMM/conv, then the window rule's depthwise convs and pooling) vs the rest,
-    then the `top` functions by time."""
+    """tsl kernels (GEMM/conv, the Winograd convs' transforms around their batch GEMMs, then
+    the window rule's depthwise convs and pooling) vs the rest, then the `top` functions by
+    time."""
     prof = row.get("profile_ms") or {}
     total = sum(prof.values())
     if not total:
@@ -366,13 +367,19 @@ def format_profile(row, top: int = 12) -> str:
 
     def kind(name):
         window = rules.get(name) in ("window", "channels_window")   # NCHW or NHWC windows
-        return "tsl" if name.endswith("_tsl") else "win" if window else "tvm"
+        if name.endswith("_tsl"):
+            return "tsl"
+        # a conv made Winograd (`tsl.relax.winograd`): its input and output transforms, with
+        # the conv's epilogue fused into the latter, are the conv's own work, not glue
+        return "wgd" if "winograd_" in name else "win" if window else "tvm"
 
-    ms = {k: sum(v for n, v in prof.items() if kind(n) == k) for k in ("tsl", "win", "tvm")}
+    ms = {k: sum(v for n, v in prof.items() if kind(n) == k)
+          for k in ("tsl", "wgd", "win", "tvm")}
     lines = [f"{row['model']} ({row['frontend']}): {total:.2f} ms in VM calls, each function's "
              f"median over the instrumented runs (timed without the instrument: "
              f"{row.get('tsl_ms') or 0:.2f} ms); tsl GEMM/conv "
-             f"kernels {ms['tsl']:.2f} ms ({100 * ms['tsl'] / total:.0f}%), tsl window rule "
+             f"kernels {ms['tsl']:.2f} ms ({100 * ms['tsl'] / total:.0f}%), their Winograd "
+             f"transforms {ms['wgd']:.2f} ms ({100 * ms['wgd'] / total:.0f}%), tsl window rule "
              f"(depthwise conv, pooling) {ms['win']:.2f} ms ({100 * ms['win'] / total:.0f}%), the "
              f"rest {ms['tvm']:.2f} ms ({100 * ms['tvm'] / total:.0f}%)"]
     for k, v in sorted(prof.items(), key=lambda kv: -kv[1])[:top]:
