@@ -16,6 +16,21 @@ def cpu():
     return tsl.load_machine("x86-avx512")
 
 
+@pytest.fixture(scope="session")
+def suite_built():
+    """`tsl.build(op, machine)` once per session, by (str(op), machine): the Tensor Core
+    suite's sm_90 GEMMs are built, and compiled by nvcc (each artifact keeps its PTX and
+    ptxas report), by both test_tensorcore_backend.py and test_tensorcore_sm90.py."""
+    cache = {}
+
+    def get(op, machine: str):
+        key = (str(op), machine)
+        if key not in cache:
+            cache[key] = tsl.build(op, machine)
+        return cache[key]
+    return get
+
+
 def cpu_machines() -> list[str]:
     """The CPU machines the CPU tests run on here: the detected one (or TSL_CPU's) and, when
     the host runs others, the baseline of its architecture (an AVX-512 host also checks the

@@ -148,13 +148,13 @@ def test_ptx_and_resources(name, arch):
 @needs_nvcc
 @pytest.mark.parametrize("machine,arch,full", [("tensorcore-sm80", "sm_80", True),
                                                ("tensorcore-sm90", "sm_90", False)])
-def test_default_suite_has_no_spills_and_shared_loads(machine, arch, full):
+def test_default_suite_has_no_spills_and_shared_loads(machine, arch, full, suite_built):
     """Every kernel of the bench suite, as the bench builds it: ptxas -v reports no spill,
     and every fragment load is a shared-memory load (LDSM, not LD + MOVM). sm_80 takes the
     whole suite (`--full`: bf16 and int8 too); sm_90 the default rows (the whole suite's
     fp16 / bf16 GEMMs on sm_90 are test_tensorcore_sm90.py's; all of it took 29 s of CI)."""
     for op in backend.suite(quick=not full):
-        art = tsl.build(op, machine)
+        art = suite_built(op, machine)  # sm_90's GEMMs: test_tensorcore_sm90.py's builds too
         res = art.resources(arch)
         assert "spill stores" in res["log"], res["log"]          # ptxas -v was parsed
         assert res["spill_bytes"] == 0, f"{op}: {res['log']}"

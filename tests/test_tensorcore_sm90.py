@@ -34,14 +34,8 @@ SUITE = [op for op in backend.suite(False)
 
 
 @pytest.fixture(scope="module")
-def built():
-    cache = {}
-
-    def get(op):
-        if str(op) not in cache:
-            cache[str(op)] = tsl.build(op, "tensorcore-sm90")
-        return cache[str(op)]
-    return get
+def built(suite_built):
+    return lambda op: suite_built(op, "tensorcore-sm90")
 
 
 # -- dispatch -----------------------------------------------------------------------------------
