@@ -254,3 +254,18 @@ def test_int8_requantize_is_exact():
 def test_tensorcore_compile_swaps_kernels():
     row = bench.compile_tensorcore("bert", small=True)
     assert row["machine"] == "tensorcore-sm90" and row["tsl_calls"] >= 4, row["report"]
+
+
+def test_the_swap_s_build_cache_tells_machines_of_one_name_apart_by_their_figures():
+    """A target name takes the host's probed figures, `tsl.load_machine` the file's: one name,
+    other tiles. The swap's per-process cache must not hand one the other's kernel."""
+    import dataclasses
+
+    from tsl.ops import defs
+    from tsl.relax import swap
+
+    m = tsl.load_machine("x86-avx512")
+    faster = dataclasses.replace(m, clock_hz=2 * m.clock_hz)
+    op = defs.dense(64, 96, 128, dtype="float32")
+    assert swap._key(op, m, None) != swap._key(op, faster, None)
+    assert swap._key(op, m, None) == swap._key(op, tsl.load_machine("x86-avx512"), None)

@@ -80,7 +80,10 @@ _RECORDS: dict = {}
 
 
 def _key(op, machine, database) -> tuple:
-    return (str(op), repr(op.params), op.dtype, op.acc_dtype, repr(op.epilogue), machine.name,
+    # The machine by its figures, not its name: "x86-avx512" as a target name takes the host's
+    # probed clock and peaks, `tsl.load_machine("x86-avx512")` the file's, and the two plan
+    # other tiles (a cache keyed by the name gave one process the other's kernel: ci44).
+    return (str(op), repr(op.params), op.dtype, op.acc_dtype, repr(op.epilogue), repr(machine),
             id(database) if database is not None and not isinstance(database, dict)
             else json.dumps(database, sort_keys=True, default=str))
 
