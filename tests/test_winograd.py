@@ -17,14 +17,17 @@ from test_imported import _compile_and_run, _imported, _randomized  # noqa: E402
 
 
 def _fused_names(mod) -> list[str]:
-    """The PrimFuncs of `mod` after the host's pipeline up to fusion."""
+    """The PrimFuncs of `mod` after the pipeline up to fusion, planned on the x86-avx512-zen4
+    file's own figures: which convs go channels-last and Winograd is the model's price on a
+    machine, and the host's (AVX2-only, or Intel's) may price them otherwise."""
     import tvm
 
-    from tsl.relax import _stages, machine_for, tvm_target
+    from tsl.relax import _stages, tvm_target
 
     tgt = tvm_target("cpu")
     with tgt:
-        fused = tvm.transform.Sequential(_stages(tgt, machine_for("cpu"))[0])(mod)
+        fused = tvm.transform.Sequential(
+            _stages(tgt, tsl.load_machine("x86-avx512-zen4"))[0])(mod)
     return [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
 
 
@@ -95,7 +98,8 @@ def test_an_imported_cnn_goes_winograd_where_priced_lower_and_matches_pytorch(
     x = np.random.default_rng(2).uniform(-1, 1, (1, 3, *size)).astype("float32")
     mod = _imported(model, x, frontend, tmp_path)
     names = _fused_names(mod)
-    # Both 40-channel convs: their GEMMs alone, the residual add and relu after the transform.
+    # On that file both 40-channel convs: their GEMMs alone, the residual add and relu after the
+    # transform. The host's own plan may differ; its result is checked against PyTorch below.
     assert sum(n.startswith("winograd_input") for n in names) == 2, names
     assert any(n.startswith("fused_winograd_output") and n.endswith("relu") for n in names), names
     assert sum("conv2d" in n for n in names) == 1, names  # the 3-channel stem stays direct
