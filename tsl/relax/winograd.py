@@ -59,15 +59,18 @@ def rewrite(mod, machine) -> tuple:
     bb, prices, done = relax.BlockBuilder(mod), {}, [0]
 
     def rewriter(expr, m):
-        shape = _winograd_shape(expr, machine)
+        # `expr` may be the variable bound to the conv (rewrite_call matches through
+        # bindings); the match holds the call itself.
+        call = m[pattern]
+        shape = _winograd_shape(call, machine)
         if shape is None:
             return expr
         if shape not in prices:
-            prices[shape] = _cheaper(shape, str(expr.ty.dtype), machine)
+            prices[shape] = _cheaper(shape, str(call.ty.dtype), machine)
         if not prices[shape]:
             return expr
         done[0] += 1
-        return _winograd(m[x], m[w].value.numpy(), shape, str(expr.ty.dtype), bb)
+        return _winograd(m[x], m[w].value.numpy(), shape, str(call.ty.dtype), bb)
 
     for gv, f in list(mod.functions.items()):
         if isinstance(f, relax.Function):
