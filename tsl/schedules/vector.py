@@ -97,10 +97,12 @@ def injective(func, facts: VectorFacts):
         # run parallel, it stays one loop (a split by lanes would add a tail check per vector).
         sch.parallel(sch.fuse(*loops[:-1]))
         return sch
-    if _padded_gather(sch, blocks[0], loops, lanes, facts.cores):
-        return sch
-    if _rows_of_wider_reads(sch, blocks[0], loops, lanes):
-        return sch
+    ext = [sch.get(lp).extent for lp in loops]
+    if all(isinstance(e, tirx.IntImm) for e in ext):   # two rules for static nests
+        ext = [int(e) for e in ext]
+        if (_padded_gather(sch, blocks[0], loops, ext, lanes, facts.cores)
+                or _rows_of_wider_reads(sch, blocks[0], loops, ext, lanes)):
+            return sch
     fused = sch.fuse(*loops)
     outer, inner = sch.split(fused, factors=[None, lanes])
     sch.parallel(outer)
@@ -108,20 +110,14 @@ def injective(func, facts: VectorFacts):
     return sch
 
 
-def _padded_gather(sch, block, loops, lanes: int, cores: int) -> bool:
-    """A padded gather (Winograd's input transform) with static extents, the innermost a
+def _padded_gather(sch, block, loops, ext: list, lanes: int, cores: int) -> bool:
+    """A padded gather (Winograd's input transform) of static extents `ext`, the innermost a
     multiple of `lanes`: the outer loops fused parallel, the innermost split by lanes alone.
     Fused with the outer loops, its vectors' bound checks were not proven uniform and ran as
     scalars (25-49 ms against 0.23 ms at 56x56x64); split alone, each vector's check is one
     branch on the outer loops' variables. A block annotated `ELEMENTS_TOGETHER` runs its
     outermost loop inside the parallel one. False, nothing done, otherwise."""
-    from tvm import tirx
-
-    ext = [sch.get(lp).extent for lp in loops]
-    if not all(isinstance(e, tirx.IntImm) for e in ext) or not _pads(sch.get(block)):
-        return False
-    ext = [int(e) for e in ext]
-    if ext[-1] % lanes or math.prod(ext[:-1]) < cores:
+    if not _pads(sch.get(block)) or ext[-1] % lanes or math.prod(ext[:-1]) < cores:
         return False
     outer = loops[:-1]
     if (ELEMENTS_TOGETHER in sch.get(block).annotations and len(loops) > 2
@@ -133,30 +129,25 @@ def _padded_gather(sch, block, loops, lanes: int, cores: int) -> bool:
     return True
 
 
-def _rows_of_wider_reads(sch, block, loops, lanes: int) -> bool:
+def _rows_of_wider_reads(sch, block, loops, ext: list, lanes: int) -> bool:
     """A copy between rows of different widths (the swap's crop of a conv's padded output
     channels, (1, 56, 56, 32) -> (1, 56, 56, 24)): with every loop fused, an output vector
     spans rows, and each lane is a gather (a div and a mod per lane): that crop took 64 us on
     a 2-core Zen 4, 28x28 48 -> 40 channels 36 us on 8 lanes. Here the rows run parallel
     (fused) and each row is copied in vectors of the largest power of two that divides it, up
     to `lanes` (8 of 24 channels), or as a loop of its own where that is under 4: 21 and 22 us
-    (each a call from Python, ~10 us of it the call; benchmarks/README.md "mnv44"). False,
-    nothing done, where an extent is symbolic or every read's rows are the output's
+    (each a call from Python, ~10 us of it the call; benchmarks/README.md "mnv44"). `ext`: the
+    loops' static extents. False, nothing done, where every read's rows are the output's
     (element-wise, broadcast)."""
-    from tvm import tirx
-
-    ext = [sch.get(lp).extent for lp in loops]
-    if not all(isinstance(e, tirx.IntImm) for e in ext):
-        return False
     out = sch.get(block).writes[0].source
     row = getattr(out.shape[-1], "value", None)
     if not any(r.source.shape and not r.source.same_as(out)
                and getattr(r.source.shape[-1], "value", None) not in (1, row)
                for r in sch.get(block).reads):
         return False
-    if len(loops) > 1 and math.prod(int(e) for e in ext[:-1]) > 1:
+    if len(loops) > 1 and math.prod(ext[:-1]) > 1:
         sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
-    width = math.gcd(int(ext[-1]), lanes)
+    width = math.gcd(ext[-1], lanes)
     if width >= 4:
         sch.vectorize(sch.split(loops[-1], factors=[None, width])[1])
     return True
