@@ -213,16 +213,25 @@ def _nchw_of_constant_weights(call) -> bool:
             "NCHW", "OIHW", "NCHW")
 
 
+_PRICES: dict = {}
+
+
 def _seconds(op, machine) -> float:
     """The model's estimate of `op` with the knobs of a search at `EFFORT` (the back end's
-    limits checked, as the swap's search does)."""
+    limits checked, as the swap's search does), once per process for each operator and
+    machine: a model repeats its shapes (ResNet-18's 20 convs are 11), and the Winograd pass
+    prices the NHWC convs the plan priced."""
     from ..backend import get_backend
     from ..model.search import search
     from ..schedules import default_schedule
+    from .swap import _key
 
-    check = get_backend(machine.backend).check
-    return search(op, machine, default_schedule(op.name), check=check,
-                  effort=EFFORT).best.estimate.seconds
+    key = (_key(op, machine, None), EFFORT)
+    if key not in _PRICES:
+        check = get_backend(machine.backend).check
+        _PRICES[key] = search(op, machine, default_schedule(op.name), check=check,
+                              effort=EFFORT).best.estimate.seconds
+    return _PRICES[key]
 
 
 def _converted(mod, weights: list):
