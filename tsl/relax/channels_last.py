@@ -303,8 +303,10 @@ def _permuted_constants(mod):
     const = is_const()
     pattern = is_op("relax.permute_dims")(const)
 
-    def rewriter(expr, m):
-        axes = [int(a) for a in expr.attrs.axes] if expr.attrs.axes is not None else None
+    def rewriter(_expr, m):
+        # the matched call: rewrite_call may hand the variable bound to it (`winograd.rewrite`)
+        axes = m[pattern].attrs.axes
+        axes = [int(a) for a in axes] if axes is not None else None
         return relax.const(np.ascontiguousarray(np.transpose(m[const].value.numpy(), axes)))
 
     for gv, f in list(mod.functions.items()):
