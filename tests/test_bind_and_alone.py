@@ -107,12 +107,14 @@ def test_time_alone_unknown_kind_is_an_input_error():
 
 def test_models_bench_interleaves_fresh_processes(monkeypatch):
     """`--models` runs each party in REPEATS fresh processes, interleaved (each repeat rotated
-    by one party), and a row takes the median of the runs' medians, its spread, and the compile
-    time of the run that compiled."""
+    by one party), and a row takes the median of the runs' medians, its spread, the compile
+    time of the run that compiled, and each peer's ratio to tsl as the median of the ratios
+    within a repeat (not the ratio of the medians)."""
     from tsl.bench import imported
 
-    calls, seconds = [], iter([0.010, 0.020, 0.030, 0.040, 0.013, 0.021, 0.029, 0.060,
-                               0.016, 0.022, 0.028, 0.050])
+    rng = np.random.default_rng(7)
+    drawn = list(rng.uniform(0.01, 0.06, size=4 * imported.REPEATS))
+    calls, seconds = [], iter(drawn)
 
     def party(p, name, fe, work, rounds, profile):
         calls.append((p, fe, profile))
@@ -128,12 +130,19 @@ def test_models_bench_interleaves_fresh_processes(monkeypatch):
     assert order[:4] == parties and order[4:8] == parties[1:] + parties[:1]
     assert all(order.count(p) == imported.REPEATS for p in parties)
     assert [c for c in calls if c[2]] == [("tsl", "torch", True), ("tsl", "onnx", True)]
-    torch_runs = sorted(s for (p, _), s in zip(order, [0.010, 0.020, 0.030, 0.040, 0.013, 0.021,
-                                                        0.029, 0.060, 0.016, 0.022, 0.028,
-                                                        0.050]) if p == "torch")
-    assert runs[("torch", "torch")]["seconds"] == pytest.approx(torch_runs[1])
+    mine = {p: [s for q, s in zip(order, drawn) if q == p] for p in parties}
+    torch_runs = sorted(mine[("torch", "torch")])
+    assert runs[("torch", "torch")]["seconds"] == pytest.approx(np.median(torch_runs))
     assert runs[("torch", "torch")]["spread"] == pytest.approx(
-        (torch_runs[-1] - torch_runs[0]) / torch_runs[1])
+        (torch_runs[-1] - torch_runs[0]) / np.median(torch_runs))
     assert runs[("tsl", "onnx")]["compile_s"] == 5.0
+    ort, tsl_ = runs[("ort", "torch")], runs[("tsl", "onnx")]
+    assert imported._paired(ort, tsl_) == pytest.approx(np.median(
+        [o / t for o, t in zip(mine[("ort", "torch")], mine[("tsl", "onnx")])]))
+    # the host slows 2x and 3x over the repeats for both parties, and tsl's second run meets a
+    # burst of its own: the paired ratio keeps the 1.25 of the other two repeats, where the
+    # ratio of the medians (2.0 / 2.4) would read tsl slower than the peer
+    drift = {"runs": [1.0, 2.0, 3.0]}, {"runs": [0.8, 3.2, 2.4]}
+    assert imported._paired(*drift) == pytest.approx(1.25)
     failed = imported._merged([{"seconds": 1.0}, {"error": "boom"}])
     assert failed == {"error": "boom"}

@@ -11,8 +11,9 @@ alone in a fresh process (`python -m tsl.bench.imported --party ...`): nothing e
 while it is timed, each gets the same settle pause and the same median of single calls (under
 the timing lock ``TSL_TIMING_LOCK`` and the real-time policy where asked for, as the operator
 bench), in REPEATS processes interleaved with the other parties' (tsl compiles in its first
-and deploys the exported library in the others). The parent checks each result against PyTorch's and
-prints one row per model and frontend.
+and deploys the exported library in the others). The parent checks each result against
+PyTorch's and prints one row per model and frontend; a row's "vs" ratios pair each repeat's
+processes (`_paired`).
 
 `--profile` adds where tsl's milliseconds go: the Relax VM's calls timed one by one
 (`vm.set_instrument`), tsl's kernels apart from everything TVM compiled.
@@ -35,9 +36,14 @@ from .. import timing
 MODELS = ("resnet18", "mobilenet_v2", "encoder")
 PARTIES = ("tsl", "torch", "ort")
 SETTLE_SECONDS = 1.0
-# Fresh processes per party; their medians' median is the row's time. Three, because one run
-# of each on a shared 2-core host read up to 1.5x apart between two bench runs (2026-12-04).
-REPEATS = 3
+# Fresh processes per party; their medians' median is the row's time, and a row's ratios are
+# the medians of the repeats' paired ratios (`_paired`). Five: with three, one run of each on a
+# shared 2-core host read up to 1.5x apart between two bench runs (2026-12-04), and a ratio
+# rested on one repeat's pair where the other two disagreed.
+REPEATS = 5
+MIN_TIMED_SECONDS = 1.0
+"""Each party's process times at least this long (and at least `rounds` calls): 20 calls of a
+4 ms model are 80 ms, which one burst of a neighbour on a shared host moves as a whole."""
 
 
 def cores() -> int:
@@ -88,16 +94,17 @@ def relax_module(name: str, frontend: str, work: Path):
 
 
 def median_call(fn, rounds: int) -> float:
-    """Median seconds of single calls of `fn`, after a warm-up call and the settle pause; the
-    same for every party: under the host's timing lock (``TSL_TIMING_LOCK``: no other
-    cooperating process times meanwhile) and at real-time priority where asked for (both as
-    the operator bench's, `tsl.timing`)."""
+    """Median seconds of single calls of `fn` (at least `rounds` of them, and at least
+    `MIN_TIMED_SECONDS` of calls), after a warm-up call and the settle pause; the same for
+    every party: under the host's timing lock (``TSL_TIMING_LOCK``: no other cooperating
+    process times meanwhile) and at real-time priority where asked for (both as the operator
+    bench's, `tsl.timing`)."""
     fn()
     time.sleep(SETTLE_SECONDS)
     ts = []
     with timing.exclusive(), timing.realtime():
         fn()  # the pool parked during the settle pause, woken untimed
-        for _ in range(rounds):
+        while len(ts) < rounds or sum(ts) < MIN_TIMED_SECONDS:
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
@@ -143,14 +150,18 @@ def _party_tsl(name, frontend, work, rounds, profile) -> tuple[dict, np.ndarray]
 
     # No thread set-up of its own: tsl.relax.tvm_target("cpu") sizes TVM's pool to the cores
     # (TVM's default is half the logical CPUs on x86), as it does for any user.
-    mod, x = relax_module(name, frontend, work)
-    lib = _library(name, frontend, work)
-    info = {"unscheduled": [f"{n}: {why}" for n, why in unscheduled(mod, "cpu")]}
+    lib, info = _library(name, frontend, work), {}
     if lib.exists():
-        # A later repeat deploys what the first compiled, as a user ships the library: the
-        # timing is of the same program, without compiling it again.
+        # A later repeat deploys what the first compiled, as a user ships the library (and
+        # sizes the pool as the README tells a deploying process to): the timing is of the
+        # same program, without importing or compiling the model again.
+        tsl.relax.tvm_target("cpu")
         ex = tvm.runtime.load_module(str(lib))
+        x = np.load(work / f"{name}.input.npy")
+        mod = relax_module(name, frontend, work)[0] if profile else None
     else:
+        mod, x = relax_module(name, frontend, work)
+        info["unscheduled"] = [f"{n}: {why}" for n, why in unscheduled(mod, "cpu")]
         t0 = time.perf_counter()
         ex = tvm.compile(mod, target=tsl.relax.tvm_target("cpu"),
                          relax_pipeline=tsl.relax.pipeline("cpu"),
@@ -277,7 +288,8 @@ def _repeated(name, frontends, work, rounds, profile) -> dict:
 
 
 def _merged(infos: list[dict]) -> dict:
-    """One party's repeats as one: the median of their medians and how far apart they lay
+    """One party's repeats as one: the median of their medians, each repeat's (`runs`, in
+    repeat order: `_paired` pairs them with the other parties') and how far apart they lay
     ((max - min) / median), the compile time of the run that compiled; the first failure
     stands for all."""
     failed = [i for i in infos if "error" in i]
@@ -286,9 +298,20 @@ def _merged(infos: list[dict]) -> dict:
     ms = [i["seconds"] for i in infos]
     out = dict(infos[-1])
     out["seconds"] = float(np.median(ms))
+    out["runs"] = ms
     out["spread"] = (max(ms) - min(ms)) / out["seconds"]
-    out["compile_s"] = next((i["compile_s"] for i in infos if "compile_s" in i), None)
+    for k in ("compile_s", "unscheduled"):   # the run that compiled says these
+        out[k] = next((i[k] for i in infos if k in i), None)
     return out
+
+
+def _paired(peer: dict, mine: dict) -> float:
+    """The peer's time over tsl's: the median over the repeats of the two parties' ratio in
+    the same repeat. A repeat visits every party within seconds, so a slow spell of a shared
+    host (minutes) divides out of each repeat's ratio; the ratio of the two medians mixes
+    repeats taken in different spells (2026-12-07, Zen 4: MobileNetV2's row read 0.90x and
+    1.27x ORT in two runs 35 minutes apart)."""
+    return float(np.median([p / m for p, m in zip(peer["runs"], mine["runs"])]))
 
 
 def run(models=MODELS, frontends=("torch", "onnx"), rounds: int = 20, profile: bool = False,
@@ -318,7 +341,10 @@ def run(models=MODELS, frontends=("torch", "onnx"), rounds: int = 20, profile: b
                         row[f"{p}_error"] = info["error"]
                         continue
                     row[f"{p}_ms"] = info["seconds"] * 1e3
+                    row[f"{p}_runs_ms"] = [s * 1e3 for s in info["runs"]]
                     spreads.append(info["spread"])
+                    if p != "tsl" and "error" not in t:
+                        row[f"vs_{p}"] = _paired(info, t)
                     if ref is not None and p != "torch":
                         row[f"{p}_rel_err"] = _rel_err(info["output"], ref)
                 row["spread"] = max(spreads, default=None)
@@ -342,8 +368,8 @@ def format_rows(rows) -> str:
     for r in rows:
         t, o, p = r.get("tsl_ms"), r.get("ort_ms"), r.get("torch_ms")
         out.append(f"{r['model']:<14}{r['frontend']:<9}{_fmt(t, '9.2f')}{_fmt(p, '10.2f')}"
-                   f"{_fmt(o, '9.2f')}{_fmt(o / t if t and o else None, '7.2f')}x"
-                   f"{_fmt(p / t if t and p else None, '8.2f')}x"
+                   f"{_fmt(o, '9.2f')}{_fmt(r.get('vs_ort'), '7.2f')}x"
+                   f"{_fmt(r.get('vs_torch'), '8.2f')}x"
                    f"{_fmt(100 * r['spread'] if r.get('spread') is not None else None, '7.0f')}%"
                    f"{_fmt(r.get('tsl_rel_err'), '9.1e')}{_fmt(r.get('ort_rel_err'), '9.1e')}"
                    f"{_fmt(r.get('compile_s'), '10.1f')}")
@@ -392,7 +418,9 @@ def main(only=None, frontends=("torch", "onnx"), profile=False, json_path=None,
     models = [m for m in MODELS if not only or m in only]
     print(f"whole models, batch 1, fp32, {cores()} cores; each party alone in its own process, "
           f"{REPEATS} processes each, interleaved; a party's time is the median of their medians "
-          f"of {rounds} calls, spread the widest (max - min) / median among a row's parties")
+          f"of single calls (at least {rounds} and {MIN_TIMED_SECONDS:g} s of them), 'vs' the "
+          f"median of the peer's time over tsl's in each repeat, spread the widest "
+          f"(max - min) / median among a row's parties")
     rows = run(models, frontends, rounds, profile)
     print(format_rows(rows))
     if profile:
