@@ -101,6 +101,27 @@ def test_a_residual_cnn_runs_channels_last_with_one_conversion_at_entry_and_exit
     assert [int(d) for d in perms[1].args[0].ty.shape] == [1, 1, 1, 64]
 
 
+def test_a_graph_named_forward_is_planned_and_two_public_graphs_are_left_alone():
+    """A `relax.frontend.nn` export names its graph "forward": the plan takes the module's one
+    public function whatever its name (the project's own ResNet-18 ran NCHW throughout while
+    the plan looked for "main" alone); with two public functions it does not guess which is
+    the model and leaves both NCHW."""
+    import tvm
+
+    from tsl.relax.channels_last import plan
+    from tsl.tam import load
+
+    model, x = _model_and_input()
+    with tsl.relax.tvm_target("cpu"):
+        f = tvm.transform.Sequential(tsl.relax.import_passes())(_imported(model, x))["main"]
+    named = tvm.IRModule({"forward": f.with_attr("global_symbol", "forward")})
+    planned, k = plan(named, load("x86-avx512"))
+    assert k == 3 and planned["forward"].script().count('data_layout="NHWC"') == 3
+    two = tvm.IRModule({"forward": f.with_attr("global_symbol", "forward"),
+                        "other": f.with_attr("global_symbol", "other")})
+    assert plan(two, load("x86-avx512"))[1] == 0
+
+
 def test_the_planned_cnn_matches_pytorch_and_its_convs_read_nhwc():
     """Through `tsl.relax.pipeline("cpu")` (the host's machine plans it): the fused conv
     functions tsl takes read channels-last data wherever the plan says so, and the model's

@@ -59,18 +59,18 @@ def plan(mod, machine) -> tuple:
     conv to plan."""
     from ..backend import get_backend
 
-    if "NHWC" not in get_backend(machine.backend).relax_layouts(machine) \
-            or not any(gv.name_hint == "main" for gv in mod.functions):
+    entry = _entry(mod)
+    if "NHWC" not in get_backend(machine.backend).relax_layouts(machine) or entry is None:
         return mod, 0
     weights, gains, gain = [], [], 0.0
-    for w, call in _plannable(mod["main"], machine):
+    for w, call in _plannable(mod[entry], machine):
         nchw, nhwc = _prices(call, machine)
         if nhwc > nchw * (1 + _tolerance(call)):  # the prefix ends at the first conv it loses
             break
         gain += nhwc - nchw
         weights.append(w)
         gains.append(gain)
-    best, k = _cheapest_prefix(mod, weights, gains, machine)
+    best, k = _cheapest_prefix(mod, entry, weights, gains, machine)
     if not k:
         return mod, 0
     from tvm import relax
@@ -78,19 +78,32 @@ def plan(mod, machine) -> tuple:
     return relax.transform.EliminateCommonSubexpr()(_permuted_constants(best)), k
 
 
-def _cheapest_prefix(mod, weights: list, gains: list, machine) -> tuple:
+def _entry(mod):
+    """The name of the graph the plan converts: "main" (what TVM's torch and ONNX frontends
+    name it), else the module's one public Relax function ("forward" of a
+    `relax.frontend.nn` export), else None: with several, which one feeds which is not the
+    plan's to guess."""
+    from tvm import relax
+
+    public = [gv.name_hint for gv, f in mod.functions.items()
+              if isinstance(f, relax.Function) and f.attrs is not None
+              and "global_symbol" in f.attrs]
+    return "main" if "main" in public else public[0] if len(public) == 1 else None
+
+
+def _cheapest_prefix(mod, entry: str, weights: list, gains: list, machine) -> tuple:
     """(module, k) of the prefix of `weights` whose conv gain (`gains[k - 1]`, seconds over
     the NCHW graph's) plus its conversions is lowest and below zero, else (`mod`, 0). Every
     conv in the prefix gains, so a shorter prefix gains less: the longest is converted first,
     and a shorter one only while its gain plus the entry's conversion, which every prefix
     pays, still beats the best found (ConvertLayout of MobileNetV2 takes 0.2-0.5 s)."""
-    best, entry = (0.0, 0, mod), 0.0
+    best, paid = (0.0, 0, mod), 0.0
     for k in range(len(weights), 0, -1):
-        if gains[k - 1] + entry >= best[0]:
+        if gains[k - 1] + paid >= best[0]:
             break
         cand = _converted(mod, weights[:k])
-        cost = gains[k - 1] + _conversion_seconds(cand["main"], machine)
-        entry = _conversion_seconds(cand["main"], machine, entry_only=True)
+        cost = gains[k - 1] + _conversion_seconds(cand[entry], machine)
+        paid = _conversion_seconds(cand[entry], machine, entry_only=True)
         if cost < best[0]:
             best = (cost, k, cand)
     return best[2], best[1]
