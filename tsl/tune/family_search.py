@@ -5,8 +5,11 @@ its kernel with run-time rows compiled once (recorded at hi), checked against Nu
 range's smallest sample value, then timed (bound, per call, the best of a few) at each of the
 range's sample values -- one compile serves every sample, as the built kernel serves every
 value. A range's first kernel is its reference: every later candidate is timed call by call
-alternately with it and read as the ratio of the two at the reference's first reading
-(`_Search._against`), so readings made minutes apart on a shared host compare. Round one
+alternately with it and read as the ratio of the two at the reference's level
+(`_Search._against`), so readings made minutes apart on a shared host compare; the level is
+the median of the reference's readings, its first and one per round, when every range's
+reference is timed again in one hold of the timing lock (`_Search.relevel`), so that the
+ranges' seconds, which train one model, come from the same moments of the host. Round one
 measures, per range, the cost model's own choice (what an untuned build runs); each later
 round one more candidate per range: the one predicted to take most time
 off the range's samples, each sample at the least measured there so far (a build runs a
@@ -136,11 +139,13 @@ def tune_family(fam, backend, machine, fn, trials: int, database: Database | Non
         run.result.ranked_by.append("learned" if model is not None else "analytic")
         for r, i in picks:
             run.measure(r, i)
+        run.relevel()
         run.grow()
         n_round += 1
         if progress:
             progress(f"round {n_round}: {run.result.trials}/{trials} trials, "
                      f"{run.result.failed} failed, {time.perf_counter() - t0:.1f} s")
+    run.record_levels()
     run.settle()
     return run.finish(t0)
 
@@ -151,7 +156,23 @@ class _Range:
         self.cands: list = []  # schedules recorded at hi
         self.known: dict[str, int] = {}
         self.done: dict[int, Measured] = {}
-        self.ref: tuple | None = None  # (bound kernel, free inputs, first reading): `_time`
+        self.ref: tuple | None = None  # (bound kernel, its free inputs): `_time`
+        # The reference's readings per sample (its first, then one per round: `_Search.relevel`)
+        # and the candidates' readings as ratios to it: a candidate's seconds are its ratio
+        # times the median of the reference's readings, so every range's level comes from the
+        # same moments of the host
+        self.reads: dict[int, list[float]] = {}
+        self.ratios: dict[int, dict[int, float]] = {}
+        self.written: dict[int, dict[int, float]] = {}  # the seconds in the database
+
+    def level(self) -> dict[int, float]:
+        return {v: float(np.median(ts)) for v, ts in self.reads.items()}
+
+    def relevelled(self) -> None:
+        """Each candidate read against the reference at the reference's level now."""
+        lvl = self.level()
+        for i, q in self.ratios.items():
+            self.done[i].seconds = {v: q[v] * lvl[v] for v in q}
 
     def add(self, s) -> int:
         k = knobs_key(s.knob_values)
@@ -284,9 +305,13 @@ class _Search:
         except TSLError as e:
             got.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
         r.done[i] = got
+        if got.error is None and r.reads:
+            lvl = r.level()
+            r.ratios[i] = {v: t / lvl[v] for v, t in got.seconds.items()}
         self.result.trials += 1
         self.result.failed += got.error is not None
         self.result.measurements += len(got.seconds)
+        r.written[i] = dict(got.seconds)
         if self.db is None:
             return
         for v in r.pts if got.error is None else r.pts[:1]:
@@ -308,40 +333,74 @@ class _Search:
         # dyn40), and a range kept whichever the others' builds preempted least.
         with exclusive(), realtime():
             if ref is not None:
-                return self._against(ref, f, frees), None
-            got = {v: min(call_times(lambda: f(*xs), REPEAT, WARMUP))
-                   for v, xs in frees.items()}
-        r.ref = (f, frees, got)
+                return self._against(ref, f, frees, r.level()), None
+            got = _least(f, frees)
+        r.ref = (f, frees)
+        r.reads = {v: [t] for v, t in got.items()}
         return got, None
 
-    def _against(self, ref: tuple, f, frees) -> dict:
+    def _against(self, ref: tuple, f, frees, level: dict) -> dict:
         """{value: seconds} of `f` timed call by call alternately with the reference kernel
         `ref` (REPEAT calls each after WARMUP), read at the reference's level: the median of
-        the REPEAT ratios of f's call to the reference's call before it, times ref's first
-        reading (the ratio of the least of each read one candidate 0.67x its neighbours at
+        the REPEAT ratios of f's call to the reference's call before it, times `level` (the
+        ratio of the least of each read one candidate 0.67x its neighbours at
         one sample). The host's speed moved by 1.6x between a tuning's rounds
         (benchmarks/README.md, tune42: the model's choice of (128, 256] read 3.9-6.3 ms in
         round 1 of one tuning, 2.1-4.1 in another), so readings made minutes apart are
         compared as ratios within one alternated run; and between f's calls the L3 holds
         the reference's own copy of the weights, as between a model's kernels, not f's
         alone."""
-        g, gfrees, level = ref
+        g, gfrees = ref
         theirs, mine = _interleaved([(g, gfrees), (f, frees)], list(frees), REPEAT)
         return {v: float(np.median(np.array(mine[v]) / np.array(theirs[v]))) * level[v]
                 for v in frees}
 
     def _reference(self, r: _Range) -> tuple | None:
-        """The range's reference kernel (bound, its free inputs, its first reading): its
-        first candidate measured without error, compiled again after a resume; None before
-        there is one."""
+        """The range's reference kernel (bound, its free inputs): its first candidate
+        measured without error, compiled again after a resume (its recorded seconds its first
+        reading, every candidate's read as a ratio to them); None before there is one."""
         if r.ref is None:
             for i, m in r.done.items():
                 if m.error is None and m.total(r.pts) is not None:
                     f, frees, err = self._bound(r.cands[i], r.pts)
                     if err is None:
-                        r.ref = (f, frees, dict(m.seconds))
+                        r.ref = (f, frees)
+                        r.reads = {v: [t] for v, t in m.seconds.items()}
+                        r.ratios = {j: {v: d.seconds[v] / m.seconds[v] for v in r.pts}
+                                    for j, d in r.done.items() if d.total(r.pts) is not None}
                         break
         return r.ref
+
+    def relevel(self) -> None:
+        """Every range's reference timed again, all in one hold of the timing lock, and
+        each range's candidates read at the median of its reference's readings: a range's
+        first reading is one moment of a shared host (the same kernel's first reading read
+        0.55-1.93x apart between two tunings, in 6 ranges of 14 by 13% or more:
+        benchmarks/README.md, tune45), and the model shared across the ranges learns from
+        every range's seconds."""
+        live = [r for r in self.ranges if r.ref is not None]
+        if not live:
+            return
+        with exclusive(), realtime():
+            got = [_least(*r.ref) for r in live]
+        for r, read in zip(live, got):
+            for v, t in read.items():
+                r.reads[v].append(t)
+            r.relevelled()
+
+    def record_levels(self) -> None:
+        """The database's readings of the candidates whose level moved (appended: the last
+        record of a value counts), so that a build and a resumed tuning read what the search
+        read last."""
+        if self.db is None:
+            return
+        for r in self.ranges:
+            for i in r.ratios:
+                m = r.done[i]
+                for v, t in m.seconds.items():
+                    if not math.isclose(t, r.written[i].get(v, t), rel_tol=1e-9):
+                        self.db.add(make_record(self.key, {"knobs": m.knobs, "top": r.hi,
+                                                           "value": v}, t, "seconds", t))
 
     def _bound(self, s, pts) -> tuple:
         """(`s`'s kernel compiled, checked at pts[0] and bound, its free inputs per value,
@@ -438,6 +497,7 @@ class _Search:
             except ScheduleError:
                 continue
             r.done[i] = m
+            r.written[i] = dict(m.seconds)
             self.result.trials += 1
             self.result.resumed += 1
 
@@ -457,6 +517,11 @@ class _Search:
                            f"measured failed ({res.trials})")
         res.wall_seconds = time.perf_counter() - t0
         return res
+
+
+def _least(f, frees: dict) -> dict:
+    """{value: the least of REPEAT calls of f after WARMUP} (the caller holds the lock)."""
+    return {v: min(call_times(lambda: f(*xs), REPEAT, WARMUP)) for v, xs in frees.items()}
 
 
 def _interleaved(kernels: list, pts, calls: int) -> list[dict]:
