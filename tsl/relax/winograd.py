@@ -14,15 +14,16 @@ Winograd's minimal filtering (Lavin & Gray 2016) transforms the tile and the wei
 The matrices are data (`_MATRICES`); the transforms are built from them, each element a sum of
 the tile's values with constant coefficients (zeros skipped, +-1 as an add or subtract).
 F(4x4, 3x3)'s interpolation points (0, +-1, +-2, inf) make its transforms' coefficients larger
-(up to 8 and 1/24): fp32 results differ from the direct conv by more, still ~1e-6 relative
-at ResNet-18's channel counts (benchmarks/README.md "win45").
+(up to 8 and 1/24): its fp32 results round more, 4-7e-6 of the largest output at ResNet-18's
+conv shapes against 2-5e-7 for F(2x2, 3x3); ResNet-18 as a whole stays within 5.4e-7 of PyTorch
+(benchmarks/README.md "win45").
 
 The input and output transforms are element-wise over the channels (channels innermost, so they
 run as vectors) and memory-bound. The output transform fuses like a GEMM's output: the conv's
 bias, residual add and relu fuse after it, and FuseOps leaves the batch matmul alone for the
 swap (it fuses only element-wise ops into a GEMM). Each conv gets the form the model prices
 lowest among tsl's direct NHWC conv, F(2x2, 3x3) and F(4x4, 3x3) (`_choice`: the batch GEMM by
-the model's estimate, the transforms' bytes at the machine's slowest streaming path). F(4x4,
+the model's estimate, the bytes it moves at the machine's slowest streaming path). F(4x4,
 3x3) has fewer GEMM rows at large images; at small ones its tiles pad the image (14x14 -> 16x16)
 and its 36 transformed weight matrices (2.25x F(2x2)'s) are streamed for few rows.
 
