@@ -131,8 +131,10 @@ def _choice(shape, dtype: str, machine):
     direct NHWC conv. A Winograd form's price: its batch GEMM's estimate, plus the arrays it
     moves (x, V, M, Y and the transformed weights U) once each at `_stream_rate`. U is a^2 / 9
     times the direct conv's weights, read once a call by GEMMs of few rows (7x7x512: 4 tile
-    rows for F(4x4, 3x3), 37.7 MB of U): without it the model took F(4x4, 3x3) there, which
-    ran 1.03x the direct conv, F(2x2, 3x3) 0.65x (benchmarks/README.md "win45")."""
+    rows for F(4x4, 3x3), 37.7 MB of U, 16.8 MB for F(2x2, 3x3)): without it the model took
+    F(4x4, 3x3) there, which ran 0.49-1.03x the direct conv alone (as much of U as the L3 kept
+    under other processes' traffic) and tied F(2x2, 3x3) in ResNet-18 (benchmarks/README.md
+    "win45"); with it F(2x2, 3x3), the smaller stream."""
     from ..ops import defs
     from .channels_last import _seconds, _stream_rate
 
@@ -185,7 +187,9 @@ def _input_transform(shape, m: int, dtype: str):
 
         def d(i, j):
             yy, xx = y0 + i, x0 + j
-            inside = tirx.all(yy >= 0, yy < h, xx >= 0, xx < w)
+            # `likely`: the same check, kept out of the simplifier's facts (as a plain
+            # condition, te.create_prim_func took 8.6 s for F(4x4, 3x3) at 7x7, 0.13 s so).
+            inside = tirx.likely(tirx.all(yy >= 0, yy < h, xx >= 0, xx < w))
             return tirx.if_then_else(inside, x[b_, yy, xx, ch], tirx.const(0, dtype))
 
         def element(i, j):
