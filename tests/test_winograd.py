@@ -35,7 +35,7 @@ def _fused_names(mod) -> list[str]:
 # (h, w, c, k, padding, m of F(m x m, 3x3)): odd sizes, 7x7, channels of 3, 20, 24 (not
 # multiples of 16 lanes) and 16 (the vectorized input transform).
 SHAPES = [(7, 7, 3, 20, 1, 2), (13, 13, 20, 24, 1, 2), (15, 9, 24, 20, 0, 4),
-          (13, 13, 16, 24, 1, 4), (7, 7, 16, 16, 1, 4)]
+          (7, 7, 16, 16, 1, 4)]
 
 
 def test_the_transforms_and_batch_gemm_match_the_direct_conv(monkeypatch):
