@@ -9,6 +9,7 @@ import pytest
 import tsl
 import wmma_emulator
 from tsl.dynamic import plan
+from tsl.dynamic.symbolic import padded
 from tsl.dynamic.shape import dims_of
 from tsl.errors import InputError, ScheduleError
 from tsl.ops import sym
@@ -310,3 +311,42 @@ def test_only_a_top_that_runs_columns_outermost_offers_its_regroupings():
         found = [SimpleNamespace(schedule=regroup, knobs=dict(regroup.knob_values))]
         got[outer] = sorted(m for _, m in microkernel._others(top, found, ("i",)))
     assert got == {"n": [1.0, microkernel.MARGIN], "m": [microkernel.MARGIN]}
+
+
+def test_a_second_kernel_runs_where_its_price_is_the_tops_for_less_padded_work():
+    # the model's prices of attention's scores at s = 333 on Zen 4: the top's 16 x 64 blocks
+    # (336 x 384) and the second's 8 x 32 (336 x 352), 8.2% below for 9.1% less work: the
+    # second ran 0.91 of static, the top 1.01 (benchmarks/README.md, dyn44); dense 3072->768
+    # at 333 on a Xeon, 5% below for 9.1% fewer rows (3.6% dearer a row), ran 1.25x (dyn39)
+    from tsl.dynamic.microkernel import MARGIN, margin_at
+
+    assert margin_at(0.8993, 0.8258, 336 * 384, 336 * 352, MARGIN) == 1.0
+    assert margin_at(1.0, 0.95, 384, 352, MARGIN) == MARGIN
+    assert margin_at(1.0, 0.95, 384, 384, MARGIN) == MARGIN  # the same work: knobs ranked
+
+
+def test_a_range_s_third_kernel_fits_the_values_its_top_and_second_pad_most():
+    # attention's scores on the Zen 4 file's figures: (64, 128]'s top runs 8 x 32 blocks and
+    # its second 12 x 16, so s = 100 ran 104 x 128 (1.07-1.17 of static); the model's best
+    # inside the range (4 x 112 blocks) runs 97..112 (0.96 of static at 100: dyn45)
+    from tsl.backends.cpu import host
+    from tsl.dynamic import _check as checker, dims_of, microkernel
+    from tsl.schedules import default_schedule
+
+    machine = host.specialize(tsl.load_machine("x86-avx512-zen4"), host.info())
+    fam = tsl.ops.batch_matmul(12, sym("s", upper=128), sym("s", upper=128), 64,
+                               transpose_b=True)
+    fn, axes = default_schedule(fam.name), dims_of(fam).axes
+    per = microkernel.kernels(fam, machine, fn, axes, [64, 128], 128, None, checker(machine))
+    kernels, tab = microkernel.table(fam, per)
+    top, third = per[-1][0], per[-1][-1]
+    assert third.value < 128 and third.knobs == dict(
+        tsl.record.record(fam.at(s=third.value), machine, fn).knob_values)
+    k = kernels[tab.at(100).kernel]
+    assert k is third and padded(100, k.blocks["j"]) < padded(100, top.blocks["j"])
+    assert all(kernels[tab.at(v).kernel] is top for v in (96, 128))  # the top's whole blocks
+    art = tsl.build(fam, "cpu")  # this host's plan, whatever it holds: right at any value
+    for v in (97, 100, 112):
+        xs = fam.random_inputs(seed=v, s=v)
+        ok, err = fam.at(s=v).check(art.run(*xs), fam.reference(*xs, s=v))
+        assert ok, (v, err)

@@ -15,8 +15,12 @@ at the top) won at m = 100 of 768->3072 but lost 10-30% at m = 128 and 333 elsew
 So the top's kernel stays, and where its blocks pad a range's values a second kernel of a
 smaller block (`second`) runs just those the model prices it MARGIN below the top at: there
 the padded rows are a difference the model sees (768->3072 at m = 100 / 200 / 333: 1.12 /
-1.11 / 1.44 of static -> 0.99 / 1.00 / 1.03; benchmarks/README.md, dyn39). A tuned range
-(`tsl.tune` of the family) runs the kernels it measured instead, split by their timings.
+1.11 / 1.44 of static -> 0.99 / 1.00 / 1.03; benchmarks/README.md, dyn39). Both come from
+the search at the top, so their blocks suit the top's value; a third (`third`), the model's
+best at the sample inside the range its two serve worst, runs the values around that sample
+it is priced MARGIN below them at (attention's scores at s = 100: 1.07-1.17 of static on
+the top's blocks, 0.96 on the third's; dyn45). A tuned range (`tsl.tune` of the family)
+runs the kernels it measured instead, split by their timings.
 """
 
 from __future__ import annotations
@@ -44,6 +48,14 @@ SMALL = 6
 # is no better than chance (dense 3072->768 at m = 333: a second kernel priced 5% below the
 # top's ran 1.25x its time; 768->3072 at m = 100-333, priced 20-50% below, 0.8x).
 MARGIN = 1.1
+# ... except where the model prices the second no dearer per padded element than the top
+# (within this fraction) and its blocks pad the value less: then the price difference is
+# the padding alone, which the model counts exactly, not a ranking of near-equal knobs.
+# Attention's scores at s = 333 (Zen 4): the top's 16 x 64 blocks (336 x 384) against the
+# second's 8 x 32 (336 x 352), priced 8.2% below for 9.1% less padded work, ran 0.91 of
+# static against the top's 1.01 (benchmarks/README.md, dyn44); dense 3072->768 at m = 333
+# (Xeon), priced 5% below for 9.1% less work (3.6% dearer per row), ran 1.25x (dyn39).
+SAME_WORK = 0.01
 
 
 def padded_schedule(fam, fn, s, axes, v: int):
@@ -84,8 +96,8 @@ def pool(fam, machine, fn, axes, hi: int, fixed: dict | None, check,
 def choose(fam, machine, fn, axes, lo: int, hi: int, fixed: dict | None,
            check) -> list[plan.Kernel]:
     """The kernels for values (lo, hi]: the model's best at `hi` whose knobs record at every
-    sample value of the range, padded to their blocks (see the module's text), and where
-    that block pads some sample, `second`'s kernel for the values it pads."""
+    sample value of the range, padded to their blocks (see the module's text), where that
+    block pads some sample `second`'s kernel for the values it pads, and `third`'s."""
     name = next(iter(fam.syms))
     pts = samples(lo, hi)
     found = search(fam.at(**{name: hi}), machine, fn, fixed, check=check).candidates
@@ -93,7 +105,8 @@ def choose(fam, machine, fn, axes, lo: int, hi: int, fixed: dict | None,
         if all(padded_schedule(fam, fn, c.schedule, axes, v) is not None for v in pts):
             top = plan.Kernel(hi, c.schedule, c.estimate.seconds,
                               blocks=blocks_of(c.schedule, axes), fn=fn)
-            return [top] + second(fam, fn, axes, pts, top, found)
+            ks = [top] + second(fam, fn, axes, pts, top, found)
+            return ks + third(fam, machine, fn, axes, lo, hi, ks, fixed, check)
     raise ScheduleError(f"{fam}: no schedule of the model's fits every value of {name} in "
                         f"({lo}, {hi}]")
 
@@ -120,6 +133,100 @@ def second(fam, fn, axes, pts: list[int], top: plan.Kernel, found) -> list[plan.
     c, margin = best
     return [plan.Kernel(top.value, c.schedule, c.estimate.seconds,
                         blocks=blocks_of(c.schedule, axes), fn=fn, margin=margin)]
+
+
+def third(fam, machine, fn, axes, lo: int, hi: int, ks: list[plan.Kernel],
+          fixed: dict | None, check) -> list[plan.Kernel]:
+    """[a kernel] for the values around the sample inside the range that the range's
+    kernels `ks` (its top and second) serve worst, or []: the model's best at that sample,
+    where it lowers the model's time over the values it can serve (`reach`), each value
+    priced on it only where the model puts it MARGIN below what `ks` run there. The top's
+    candidates have the blocks that suit the top: attention's scores at s = 100 ran the
+    top's 8 x 32 blocks (104 x 128) at 1.07-1.17 of static; the model's best at 107 (4 x
+    112 blocks, as at 100) ran 0.96 (benchmarks/README.md, dyn45). One search per range:
+    the sample served worst is the one whose model time exceeds most what its own
+    (unpadded) work takes at the top's rate at `hi` (the time the range's kernels lose
+    there), and none where they run it within MARGIN of that rate (the range's largest
+    value's: the model prices no smaller value's best at a lower one)."""
+    name = next(iter(fam.syms))
+    prices = _Prices(fam)
+    inside = samples(lo, hi)[1:-1]
+    if not inside or len(axes) < 2:
+        # One symbolic axis: the top's search offers a kernel of every row block, and the
+        # second takes the one its padding calls for; the columns' blocks of a symbol in
+        # two axes are the ones that suit the top's value (no 112 at 128)
+        return []
+    rate = ks[0].seconds / work(hi, dict.fromkeys(axes, 1))
+    v = max(inside, key=lambda v: _now(ks, v, prices) - rate * work(v, dict.fromkeys(axes, 1)))
+    if _now(ks, v, prices) < MARGIN * rate * work(v, dict.fromkeys(axes, 1)):
+        return []  # no search: the model's best at v is not priced below the top's rate
+    c = search(fam.at(**{name: v}), machine, fn, fixed, check=check).candidates[0]
+    k = plan.Kernel(v, c.schedule, c.estimate.seconds, blocks=blocks_of(c.schedule, axes),
+                    fn=fn, margin=MARGIN)
+    if any(k.blocks == o.blocks for o in ks):
+        return []
+    gain = sum(max(0.0, _now(ks, w, prices) - MARGIN * prices(k, w))
+               for w in reach(k, lo, hi) if not _whole(w, ks[0]))
+    return [k] if gain > 0 else []
+
+
+def _now(ks: list[plan.Kernel], v: int, prices) -> float:
+    """The model's time at v of the kernel a range's top and second run it on."""
+    return min(prices(k, v) for k in _runnable(ks, v, prices))
+
+
+def reach(k: plan.Kernel, lo: int, hi: int) -> range:
+    """The values of (lo, hi] in the block of k's largest block that holds its own value:
+    beyond it the kernel pads by a whole block more (a kernel of the model's best at a value
+    suits the values around it)."""
+    step = max(k.blocks.values())
+    end = padded(k.value, step)
+    return range(max(lo + 1, end - step + 1), min(hi, end) + 1)
+
+
+def _runnable(ks: list[plan.Kernel], v: int, prices) -> list[plan.Kernel]:
+    """The kernels of a range's top and second that may run value v (`_split`'s rule)."""
+    if len(ks) < 2:
+        return ks
+    top, sec = ks[:2]
+    t, s = prices(top, v), prices(sec, v)
+    return ks[:2] if s * margin_at(t, s, work(v, top.blocks), work(v, sec.blocks),
+                                   sec.margin) < t else [top]
+
+
+def _whole(v: int, top: plan.Kernel) -> bool:
+    """Whether v is whole blocks of the top's: there the top is what a static build at v
+    would run, and it runs v."""
+    return all(padded(v, b) == v for b in top.blocks.values())
+
+
+class _Prices:
+    """padded_price of a kernel at a value, cached by the padded extents it runs there."""
+
+    def __init__(self, fam):
+        self.fam, self.cache = fam, {}
+
+    def __call__(self, k: plan.Kernel, v: int) -> float:
+        key = (id(k), tuple(padded(v, b) for b in k.blocks.values()))
+        if key not in self.cache:
+            self.cache[key] = padded_price(self.fam, k.fn, k.schedule, tuple(k.blocks), v)
+        return self.cache[key]
+
+
+def margin_at(top_s: float, second_s: float, top_work: int, second_work: int,
+              margin: float) -> float:
+    """How many times below the top's price (model seconds at a value, and the padded work
+    there) a range's second kernel must be priced to run the value: its `margin`, or 1
+    where its blocks pad the value less at the top's price per padded element (within
+    SAME_WORK: the price difference is the padding)."""
+    same = second_s / second_work <= (1 + SAME_WORK) * top_s / top_work
+    return 1.0 if second_work < top_work and same else margin
+
+
+def work(v: int, blocks: dict) -> int:
+    """The symbolic axes' padded extents at v, multiplied: what a kernel of these blocks
+    computes at v (the other axes are the same for every kernel of a family)."""
+    return math.prod(padded(v, b) for b in blocks.values())
 
 
 def _others(top: plan.Kernel, found, axes) -> list[tuple]:
@@ -187,20 +294,19 @@ def _chosen(fam, machine, fn, axes, todo: list, fixed, check) -> list[list[plan.
     """`choose` of each range of `todo`: in forked workers, which send back each kernel's
     knobs and margin, recorded again here (the same schedules and model times); or here."""
     def task(span):
-        return [(k.knobs, k.margin) for k in choose(fam, machine, fn, axes, *span, fixed,
-                                                     check)]
+        return [(k.value, k.knobs, k.margin)
+                for k in choose(fam, machine, fn, axes, *span, fixed, check)]
     got = jobs.mapped(task, todo)
     if got is None:
         return [choose(fam, machine, fn, axes, lo, hi, fixed, check) for lo, hi in todo]
-    return [[_recorded(fam, machine, fn, axes, hi, knobs, margin) for knobs, margin in ks]
-            for (_, hi), ks in zip(todo, got)]
+    return [[_recorded(fam, machine, fn, axes, *k) for k in ks] for ks in got]
 
 
-def _recorded(fam, machine, fn, axes, hi: int, knobs: dict, margin: float) -> plan.Kernel:
-    """The kernel `choose` made for the range of top `hi` with `knobs` (the schedule's
-    own: every knob it asked for), recorded again."""
-    s = record_fixed(fam.at(**{next(iter(fam.syms)): hi}), machine, fn, knobs)
-    return plan.Kernel(hi, s, evaluate(s).seconds, blocks=blocks_of(s, axes), fn=fn,
+def _recorded(fam, machine, fn, axes, value: int, knobs: dict, margin: float) -> plan.Kernel:
+    """The kernel `choose` made at `value` with `knobs` (the schedule's own: every knob it
+    asked for), recorded again."""
+    s = record_fixed(fam.at(**{next(iter(fam.syms)): value}), machine, fn, knobs)
+    return plan.Kernel(value, s, evaluate(s).seconds, blocks=blocks_of(s, axes), fn=fn,
                        margin=margin)
 
 
@@ -217,18 +323,21 @@ def table(fam, per_range: list[list[plan.Kernel]],
           call_s: float = plan.CALL_SECONDS) -> tuple[list[plan.Kernel], plan.Table]:
     """The kernels in one list and the table over them: a range with one kernel runs it on
     every value; with two, each value runs the one the model prices lower padded there
-    (`_split`)."""
+    (`_split`); a third (chosen at a value inside the range: `third`) then takes the values
+    of its reach the model prices it MARGIN below the others at (`_with_third`)."""
     kernels, rows, lo = [], [], 1
     for ks in per_range:
         first = len(kernels)
         kernels += ks
         hi = ks[0].value
-        if len(ks) == 1:
-            rows.append(plan.Range(lo, hi, first, False))
-        elif all(k.measured for k in ks):
+        own = [k for k in ks if k.value == hi]
+        if all(k.measured for k in ks) and len(ks) > 1:
             rows += _split_measured(ks, lo, hi, first)
-        else:
-            rows += _split(fam, ks, lo, hi, first)
+            lo = hi + 1
+            continue
+        span = (_split(fam, own, lo, hi, first) if len(own) == 2
+                else [plan.Range(lo, hi, first, False)])
+        rows += _with_third(fam, ks, span, first) if len(ks) > len(own) else span
         lo = hi + 1
     merged: list[plan.Range] = []
     for r in rows:
@@ -252,15 +361,10 @@ def _split(fam, ks: list[plan.Kernel], lo: int, hi: int, first: int) -> list[pla
     the top the rest."""
     top, sec = ks
     step = max(top.blocks.values())
-    cache: dict[tuple, float] = {}
+    prices = _Prices(fam)
 
     def cheaper(v: int) -> bool:
-        def at(k):
-            key = (id(k), tuple(padded(v, b) for b in k.blocks.values()))
-            if key not in cache:
-                cache[key] = padded_price(fam, k.fn, k.schedule, tuple(k.blocks), v)
-            return cache[key]
-        return sec.margin * at(sec) < at(top)
+        return len(_runnable(ks, v, prices)) == 2
     rows, a = [], lo
     while a <= hi:
         b = min(hi, padded(a, step))
@@ -278,6 +382,27 @@ def _split(fam, ks: list[plan.Kernel], lo: int, hi: int, first: int) -> list[pla
     return rows
 
 
+def _with_third(fam, ks: list[plan.Kernel], rows: list[plan.Range],
+                first: int) -> list[plan.Range]:
+    """`rows` (a range's values on its top and second) with the values of the third's
+    `reach` that the model prices it its margin below the kernel they run, moved to it;
+    never a whole number of the top's blocks."""
+    prices = _Prices(fam)
+    lo, hi, n3 = rows[0].lo, rows[-1].hi, first + len(ks) - 1
+    pick = {v: r.kernel for r in rows for v in range(r.lo, r.hi + 1)}
+    for v in reach(ks[-1], lo - 1, hi):
+        if (not _whole(v, ks[0])
+                and ks[-1].margin * prices(ks[-1], v) < prices(ks[pick[v] - first], v)):
+            pick[v] = n3
+    out: list[plan.Range] = []
+    for v in range(lo, hi + 1):
+        if out and out[-1].kernel == pick[v]:
+            out[-1] = plan.Range(out[-1].lo, v, pick[v], False)
+        else:
+            out.append(plan.Range(v, v, pick[v], False))
+    return out
+
+
 def _split_measured(ks: list[plan.Kernel], lo: int, hi: int,
                     first: int) -> list[plan.Range]:
     """Values lo..hi of a tuned range, each on the kernel whose timings (`_line`) put it
@@ -292,12 +417,10 @@ def _line(k: plan.Kernel):
     """v -> seconds: a least-squares line through the kernel's timings against the rows
     it runs (each value padded to its blocks: its work grows with those, its fixed cost
     does not); proportional to them where the samples pad to one size."""
-    def rows(v: int) -> int:
-        return math.prod(padded(v, b) for b in k.blocks.values())
-    xs = [rows(v) for v in k.measured]
+    xs = [work(v, k.blocks) for v in k.measured]
     ts = list(k.measured.values())
     if len(set(xs)) < 2:
         per_row = sum(ts) / sum(xs)
-        return lambda v: per_row * rows(v)
+        return lambda v: per_row * work(v, k.blocks)
     slope, fixed = np.polyfit(xs, ts, 1)
-    return lambda v: fixed + slope * rows(v)
+    return lambda v: fixed + slope * work(v, k.blocks)

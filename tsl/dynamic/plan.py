@@ -37,8 +37,8 @@ class Kernel:
     artifact: object = None  # the back end's artifact, once compiled
     blocks: dict = field(default_factory=dict)  # run-time axes -> the block each pads to
     fn: object = None  # the schedule function (to price the knobs at other values)
-    margin: float = 1.0  # a range's second kernel: how many times below the top's price the
-    # model must put it at a value for the value to run it (`microkernel.second`)
+    margin: float = 1.0  # a range's second or third kernel: how many times below the others'
+    # price the model must put it at a value for the value to run it (`microkernel.second`)
     measured: dict | None = None  # a tuned family's kernel: seconds per value timed
 
     @property
