@@ -156,9 +156,10 @@ def third(fam, machine, fn, axes, lo: int, hi: int, ks: list[plan.Kernel],
         # second takes the one its padding calls for; the columns' blocks of a symbol in
         # two axes are the ones that suit the top's value (no 112 at 128)
         return []
-    rate = ks[0].seconds / work(hi, dict.fromkeys(axes, 1))
-    v = max(inside, key=lambda v: _now(ks, v, prices) - rate * work(v, dict.fromkeys(axes, 1)))
-    if _now(ks, v, prices) < MARGIN * rate * work(v, dict.fromkeys(axes, 1)):
+    unit = dict.fromkeys(axes, 1)  # blocks of 1: a value's own (unpadded) work
+    rate = ks[0].seconds / work(hi, unit)
+    v = max(inside, key=lambda v: _now(ks, v, prices) - rate * work(v, unit))
+    if _now(ks, v, prices) < MARGIN * rate * work(v, unit):
         return []  # no search: the model's best at v is not priced below the top's rate
     c = search(fam.at(**{name: v}), machine, fn, fixed, check=check).candidates[0]
     k = plan.Kernel(v, c.schedule, c.estimate.seconds, blocks=blocks_of(c.schedule, axes),
@@ -394,13 +395,8 @@ def _with_third(fam, ks: list[plan.Kernel], rows: list[plan.Range],
         if (not _whole(v, ks[0])
                 and ks[-1].margin * prices(ks[-1], v) < prices(ks[pick[v] - first], v)):
             pick[v] = n3
-    out: list[plan.Range] = []
-    for v in range(lo, hi + 1):
-        if out and out[-1].kernel == pick[v]:
-            out[-1] = plan.Range(out[-1].lo, v, pick[v], False)
-        else:
-            out.append(plan.Range(v, v, pick[v], False))
-    return out
+    # one row per value: `table` merges neighbours that run the same kernel
+    return [plan.Range(v, v, pick[v], False) for v in range(lo, hi + 1)]
 
 
 def _split_measured(ks: list[plan.Kernel], lo: int, hi: int,
