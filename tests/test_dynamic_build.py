@@ -230,6 +230,19 @@ def test_bench_row_times_the_dynamic_and_the_static_build_and_verifies():
     assert r["verified"] and r["dynamic_s"] > 0 and r["static_s"] > 0
 
 
+def test_bench_pairs_each_call_with_the_others_in_rounds():
+    from tsl.bench import dynamic as bench
+
+    order = []
+    t = bench._paired(lambda x: order.append(("f", x)), lambda x: order.append(("g", x)),
+                      [1], [2])
+    timed = order[4:]  # two warm-up calls each first
+    assert timed[0::2] == [("f", 1)] * (len(timed) // 2)
+    assert timed[1::2] == [("g", 2)] * (len(timed) // 2)
+    assert len(timed) // 2 >= bench.ROUNDS * bench.CALLS and len(timed) % (2 * bench.ROUNDS) == 0
+    assert all(x > 0 for x in t)
+
+
 def test_the_same_family_builds_on_vta_in_rows_and_is_bit_exact():
     fam = tsl.ops.dense(sym("m", upper=4), 32, 16, dtype="int8",
                         epilogue=tsl.ops.bias() + tsl.ops.requantize(8))

@@ -82,6 +82,40 @@ def test_what_a_family_tuning_cannot_do_is_a_typed_error():
         tune.tune(family(), "cpu", trials=2, runner=tune.PoolRunner(1))
 
 
+def test_a_symbol_in_two_axes_offers_the_model_s_best_inside_a_range_at_its_own_value(
+        tmp_path):
+    """Attention's scores (s in rows and columns): each range's candidates include the
+    model's best at its inside samples, whose column blocks suit that value; where those
+    knobs do not record at the range's top, they are measured, stored and built recorded at
+    their own value, and the kernel runs every value of the range."""
+    from tsl.dynamic.shape import dims_of
+    from tsl.record import record
+    from tsl.schedules import default_schedule
+    from tsl.tune.family_search import _Search
+
+    fam = tsl.ops.batch_matmul(1, sym("s", upper=24), sym("s", upper=24), 16, transpose_b=True)
+    backend, m = tsl.backend.resolve_target("cpu")
+    fn = default_schedule(fam.name)
+    db = Database(tmp_path / "t.jsonl")
+    run = _Search(fam, backend, m, fn, dims_of(fam).axes, db, 0)
+    r, i = next((r, i) for r in run.ranges for i in r.at)
+    knobs, at = dict(r.cands[i].knob_values), r.at[i]
+    assert r.lo < at < r.hi and at in r.pts
+    with pytest.raises(ScheduleError):
+        record(fam.at(s=r.hi), m, fn, knobs)
+    run.measure(r, i)  # the range's only candidate measured: the build takes it
+    assert r.done[i].error is None and set(r.done[i].seconds) == set(r.pts)
+    assert {rec.knobs.get("at") for rec in db.records()} == {at}
+    art = tsl.build(fam, "cpu", knobs=Database(db.path))
+    k = art.kernels[art.pieces(r.hi)[0][0]]
+    assert k.knobs == knobs
+    assert all(art.kernels[art.pieces(v)[0][0]].knobs == knobs
+               for v in range(r.lo + 1, r.hi + 1))
+    for v in (r.lo + 1, at, r.hi):  # padded to its blocks below and above its own value
+        ok, err = art.verify(seed=v, s=v)
+        assert ok, (v, err)
+
+
 def test_the_build_takes_each_range_s_least_total_and_only_complete_ones(tmp_path):
     fam, m = family(), tsl.backend.resolve_target("cpu")[1]
     key = family_key(fam, m, mine)

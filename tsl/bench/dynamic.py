@@ -1,10 +1,11 @@
 """`python -m tsl.bench --dynamic`: shape-generic builds (issue #25) against static ones.
 
 Per family and value: the dynamic artifact (`tsl.build(family)`: built once) against a
-static build of that value, both called with their constants bound (`bind`), timed
-interleaved (median of `REPEAT` each; with ``TSL_TIMING_LOCK=<file>`` under an exclusive lock
-on that file, `tsl.timing.exclusive`, so no cooperating timing on the host overlaps, and with
-``TSL_TIMING=realtime`` at real-time priority, `tsl.timing.realtime`), and the
+static build of that value, both called with their constants bound (`bind`), timed paired
+(`_paired`: rounds of alternated calls, the row's ratio the median of the rounds' ratios; each
+round with ``TSL_TIMING_LOCK=<file>`` under an exclusive lock on that file, `tsl.timing.exclusive`,
+so no cooperating timing on the host overlaps, and with ``TSL_TIMING=realtime`` at real-time
+priority, `tsl.timing.realtime`), and the
 peers of the static operator timed alone
 (`tsl.bench.alone`: PyTorch, NumPy; ONNX Runtime has no operator-level peer here). Also the
 family's compile time and its kernels. The ">= within 10%" numbers are read here, never
@@ -28,7 +29,10 @@ from ..timing import exclusive, realtime, waited_seconds
 
 VALUES = (1, 5, 16, 31, 64, 100, 128, 200, 333, 512, 1000, 2048)
 QUICK_VALUES = (1, 31, 100, 333)
-REPEAT = 9
+# Rounds per row, and each party's calls per round: at least CALLS, and ROUND_S seconds of them.
+# A row of 0.13-0.15 ms calls read 1.10 from 9 alternated calls and 0.98 over 9 rounds of
+# them in one process (benchmarks/README.md, lead45): the guest's speed moves within seconds.
+ROUNDS, CALLS, ROUND_S = 7, 9, 0.05
 
 
 def families(upper: int):
@@ -44,17 +48,31 @@ def families(upper: int):
                                                                        transpose_b=True))]
 
 
-def _interleaved(f, g, args_f, args_g) -> tuple[float, float]:
+def _paired(f, g, args_f, args_g) -> tuple[float, float, float]:
+    """(f's seconds, g's seconds, f / g): ROUNDS rounds, each calling f and g alternately, one
+    call each, CALLS times or for ROUND_S of each's calls if more; per round the two's medians
+    and their ratio; returned, the medians of those over the rounds (a ratio read within each
+    round, as `tsl.bench.imported` reads a model's: both parties see the same moments of the
+    host)."""
     f(*args_f), g(*args_g)
-    a, b = [], []
-    for _ in range(REPEAT):
-        t = time.perf_counter()
-        f(*args_f)
-        a.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        g(*args_g)
-        b.append(time.perf_counter() - t)
-    return float(np.median(a)), float(np.median(b))
+    t = time.perf_counter()
+    f(*args_f), g(*args_g)
+    calls = max(CALLS, math.ceil(ROUND_S / max(time.perf_counter() - t, 1e-9) * 2))
+    tf, tg, q = [], [], []
+    for _ in range(ROUNDS):
+        a, b = [], []
+        with exclusive(), realtime():
+            for _ in range(calls):
+                t = time.perf_counter()
+                f(*args_f)
+                a.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                g(*args_g)
+                b.append(time.perf_counter() - t)
+        tf.append(np.median(a))
+        tg.append(np.median(b))
+        q.append(tf[-1] / tg[-1])
+    return float(np.median(tf)), float(np.median(tg)), float(np.median(q))
 
 
 def row(name, fam, art, v, peers) -> dict:
@@ -66,9 +84,8 @@ def row(name, fam, art, v, peers) -> dict:
     consts = {t.name: x for t, x in zip(op.inputs, xs) if t.name in static.constants()}
     free = [x for t, x in zip(op.inputs, xs) if t.name not in consts]
     ok, err = op.check(art.run(*xs), op.reference(*xs))
-    with exclusive(), realtime():
-        td, ts = _interleaved(art.bind(**consts), static.bind(**consts), free, free)
-    out = {"family": name, "value": v, "dynamic_s": td, "static_s": ts, "ratio": td / ts,
+    td, ts, q = _paired(art.bind(**consts), static.bind(**consts), free, free)
+    out = {"family": name, "value": v, "dynamic_s": td, "static_s": ts, "ratio": q,
            "verified": ok, "error": err, "pieces": art.pieces(v)}
     if peers:
         from .alone import cpu_peers
@@ -128,16 +145,15 @@ def _busy(t0: float, w0: float) -> float:
 
 def tuned_row(fam, art, v: int, trials: int, where: Path) -> dict:
     """The tuned family's artifact against a static N-trial tune of value v, bound, timed
-    interleaved."""
+    paired (`_paired`)."""
     op = fam.at(**{next(iter(fam.syms)): v})
     static, tune_s = _tuned_static(op, trials, where)
     xs = op.random_inputs(7)
     consts = {t.name: x for t, x in zip(op.inputs, xs) if t.name in static.constants()}
     free = [x for t, x in zip(op.inputs, xs) if t.name not in consts]
     ok = op.check(art.run(*xs), op.reference(*xs))[0] and static.verify()[0]
-    with exclusive(), realtime():
-        td, ts = _interleaved(art.bind(**consts), static.bind(**consts), free, free)
-    return {"value": v, "family_s": td, "static_s": ts, "ratio": td / ts, "verified": ok,
+    td, ts, q = _paired(art.bind(**consts), static.bind(**consts), free, free)
+    return {"value": v, "family_s": td, "static_s": ts, "ratio": q, "verified": ok,
             "static_tune_s": tune_s}
 
 

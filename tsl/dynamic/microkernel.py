@@ -285,7 +285,7 @@ def _tuned(fam, machine, fn, axes, hi: int, given) -> list[plan.Kernel]:
     (each with its timings, which `table` splits the range by)."""
     if isinstance(given, dict):
         return [with_knobs(fam, machine, fn, axes, hi, given)]
-    out = [with_knobs(fam, machine, fn, axes, hi, m.knobs) for m in given]
+    out = [with_knobs(fam, machine, fn, axes, hi, m.knobs, m.at) for m in given]
     for k, m in zip(out, given):
         k.measured = dict(m.seconds)
     return out
@@ -311,11 +311,14 @@ def _recorded(fam, machine, fn, axes, value: int, knobs: dict, margin: float) ->
                        margin=margin)
 
 
-def with_knobs(fam, machine, fn, axes, hi: int, knobs: dict) -> plan.Kernel:
-    """The kernel for a range of top `hi` recorded with `knobs` (all of them given)."""
+def with_knobs(fam, machine, fn, axes, hi: int, knobs: dict,
+               at: int | None = None) -> plan.Kernel:
+    """The kernel for a range of top `hi` recorded with `knobs` (all of them given) at hi,
+    or at value `at` inside the range (knobs that block a symbol in two axes for a value
+    inside: `tsl.tune.family.Measured.at`)."""
     from ..record import record
 
-    s = record(fam.at(**{next(iter(fam.syms)): hi}), machine, fn, knobs)
+    s = record(fam.at(**{next(iter(fam.syms)): at or hi}), machine, fn, knobs)
     s.as_written = True
     return plan.Kernel(hi, s, evaluate(s).seconds, blocks=blocks_of(s, axes), fn=fn)
 

@@ -9,7 +9,9 @@ sample values (`microkernel.samples`). Every measurement is a record of ONE key,
 family's: the operator at value 1 with the symbol, its bound and the parameters it stands
 for in place of a shape, then machine, machine file hash, schedule name and schedule source
 hash (with tsl's version) as for any key. A record's knobs are {"knobs": the schedule's,
-"top": the range's hi, "value": the value it was timed at}. A range's tuned knobs are those
+"top": the range's hi, "value": the value it was timed at}, and "at": the value inside the
+range its knobs are recorded at, where they do not record at hi (`Measured.at`). A range's
+tuned knobs are those
 of least total time over all its samples, with a second kernel where another candidate is
 faster at some of them (`second`); records of the same family made for another bound,
 or by another source of the schedule, are reported (a warning) and not used.
@@ -55,6 +57,15 @@ class Measured:
     knobs: dict
     seconds: dict = field(default_factory=dict)
     error: str | None = None
+    # The value inside the range the knobs are recorded at, where they do not record at the
+    # top: a symbol in two axes blocks them for its value (attention's 7 column blocks of 16
+    # at s = 107 do not divide 128); its kernel still runs any value, padded
+    at: int | None = None
+
+    def record_knobs(self, v: int) -> dict:
+        """The knobs of a database record of this candidate timed at v."""
+        return ({"knobs": self.knobs, "top": self.top, "value": v}
+                | ({"at": self.at} if self.at is not None else {}))
 
     def total(self, pts) -> float | None:
         """Seconds summed over `pts`; None unless every one was timed."""
@@ -70,7 +81,7 @@ def measured(db, key: Key) -> dict[tuple, Measured]:
         if r.lost or not isinstance(r.knobs.get("knobs"), dict):
             continue
         k = (int(r.knobs["top"]), knobs_key(r.knobs["knobs"]))
-        m = out.setdefault(k, Measured(k[0], r.knobs["knobs"]))
+        m = out.setdefault(k, Measured(k[0], r.knobs["knobs"], at=r.knobs.get("at")))
         if r.ok:
             m.seconds[int(r.knobs["value"])] = r.seconds
         else:

@@ -14,14 +14,15 @@ measures, per range, the cost model's own choice (what an untuned build runs); e
 round one more candidate per range: the one predicted to take most time
 off the range's samples, each sample at the least measured there so far (a build runs a
 range's best and a second candidate where that is faster: `tsl.tune.family.second`), ties by
-the predicted total. A range's candidates are the model's best at its top and knobs drawn at
-random from the space (as the static tuner's pool). The prediction is the analytic model's
-time of the knobs at each sample (padded to their row block) corrected by ONE XGBoost model
-shared across the ranges, trained on every measurement so far: its features are the static
-tuner's (program and knobs, size free) and the value itself and its padding, so what it
-learns at one value of M ranks the candidates at the others. After each round the one-knob
-neighbours of a range's best and the best knobs of the ranges beside it (where they record)
-join its candidates. At the end a range's best two, where within TIE, are timed again
+the predicted total. A range's candidates are the model's best at its top, knobs drawn at
+random from the space (as the static tuner's pool) and, for a symbol in two or more axes,
+the model's best at the range's inside samples (`_Search._add_inside`). The prediction is
+the analytic model's time of the knobs at each sample (padded to their row block) corrected
+by ONE XGBoost model shared across the ranges, trained on every measurement so far: its
+features are the static tuner's (program and knobs, size free) and the value itself and its
+padding, so what it learns at one value of M ranks the candidates at the others. After each
+round the one-knob neighbours of a range's best and the best knobs of the ranges beside it
+(where they record) join its candidates. At the end a range's best two, where within TIE, are timed again
 alternately to order them (`_Search.settle`).
 """
 
@@ -153,7 +154,8 @@ def tune_family(fam, backend, machine, fn, trials: int, database: Database | Non
 class _Range:
     def __init__(self, lo: int, hi: int, pts: list[int]):
         self.lo, self.hi, self.pts = lo, hi, pts
-        self.cands: list = []  # schedules recorded at hi
+        self.cands: list = []  # schedules recorded at hi, or at `at`'s value
+        self.at: dict[int, int] = {}  # candidate -> the value inside its knobs record at
         self.known: dict[str, int] = {}
         self.done: dict[int, Measured] = {}
         self.ref: tuple | None = None  # (bound kernel, its free inputs): `_time`
@@ -174,16 +176,25 @@ class _Range:
         for i, q in self.ratios.items():
             self.done[i].seconds = {v: q[v] * lvl[v] for v in q}
 
-    def add(self, s) -> int:
+    def add(self, s, at: int | None = None) -> int:
+        """Candidate `s` (recorded at hi, or at value `at` inside the range)."""
         k = knobs_key(s.knob_values)
         if k not in self.known:
             self.known[k] = len(self.cands)
             self.cands.append(s)
+            if at is not None:
+                self.at[len(self.cands) - 1] = at
         return self.known[k]
+
+    def value_of(self, i: int) -> int:
+        """The value candidate i's schedule is recorded at."""
+        return self.at.get(i, self.hi)
 
     def sort(self, key) -> None:
         """Candidates in the order of `key` (before any is measured)."""
-        self.cands = [self.cands[i] for i in sorted(range(len(self.cands)), key=key)]
+        order = sorted(range(len(self.cands)), key=key)
+        self.cands = [self.cands[i] for i in order]
+        self.at = {n: self.at[i] for n, i in enumerate(order) if i in self.at}
         self.known = {knobs_key(s.knob_values): i for i, s in enumerate(self.cands)}
 
     def floor(self) -> np.ndarray:
@@ -222,7 +233,28 @@ class _Search:
             for s in search.candidates(fam.at(**{self.name: r.hi}), machine, fn, SEEDS,
                                        seed + r.hi):
                 r.add(s)
+            if len(axes) > 1:
+                self._add_inside(r, check)
         self._resume()
+
+    def _add_inside(self, r: _Range, check) -> None:
+        """The model's best at each sample inside range r (a symbol in two or more axes):
+        blocks that suit a value inside the range, which the top's value may offer none of
+        (attention's scores: 4 x 112 at s = 107, 0.96 of static at s = 100, where the top's
+        8 x 32 ran 1.07-1.17: `tsl.dynamic.microkernel.third`). Recorded at the top where
+        its knobs record there, else at their own value (7 column blocks of 16 do not divide
+        128)."""
+        from ..model import search as model_search
+        from ..record import record
+
+        for v in r.pts[1:-1]:
+            best = model_search(self.fam.at(**{self.name: v}), self.machine, self.fn, None,
+                                check=check).candidates[0].schedule
+            try:
+                r.add(record(self.fam.at(**{self.name: r.hi}), self.machine, self.fn,
+                             dict(best.knob_values)))
+            except ScheduleError:
+                r.add(best, at=v)
 
     # -- the model ----------------------------------------------------------------------
     def est(self, r: _Range, i: int, v: int) -> tuple:
@@ -297,7 +329,7 @@ class _Search:
     # -- measuring -----------------------------------------------------------------------
     def measure(self, r: _Range, i: int) -> None:
         s = r.cands[i]
-        got = Measured(r.hi, dict(s.knob_values))
+        got = Measured(r.hi, dict(s.knob_values), at=r.at.get(i))
         try:
             got.seconds, got.error = self._time(r, s)
         except BackendUnavailable:
@@ -316,8 +348,8 @@ class _Search:
             return
         for v in r.pts if got.error is None else r.pts[:1]:
             t = got.seconds.get(v)
-            self.db.add(make_record(self.key, {"knobs": got.knobs, "top": r.hi, "value": v},
-                                    t, "seconds", t, got.error))
+            self.db.add(make_record(self.key, got.record_knobs(v), t, "seconds", t,
+                                    got.error))
 
     def _time(self, r: _Range, s) -> tuple[dict, str | None]:
         """The kernel compiled from `s`, checked at r.pts[0], timed at each value: the range's
@@ -399,8 +431,8 @@ class _Search:
                 m = r.done[i]
                 for v, t in m.seconds.items():
                     if not math.isclose(t, r.written[i].get(v, t), rel_tol=1e-9):
-                        self.db.add(make_record(self.key, {"knobs": m.knobs, "top": r.hi,
-                                                           "value": v}, t, "seconds", t))
+                        self.db.add(make_record(self.key, m.record_knobs(v), t, "seconds",
+                                                t))
 
     def _bound(self, s, pts) -> tuple:
         """(`s`'s kernel compiled, checked at pts[0] and bound, its free inputs per value,
@@ -446,9 +478,8 @@ class _Search:
                 r.done[i].seconds.update(secs)
                 if self.db is not None:
                     for v, t in secs.items():
-                        self.db.add(make_record(self.key, {"knobs": r.done[i].knobs,
-                                                           "top": r.hi, "value": v},
-                                                t, "seconds", t))
+                        self.db.add(make_record(self.key, r.done[i].record_knobs(v), t,
+                                                "seconds", t))
             self.result.settled += 1
 
     def _alternated(self, cands: list, pts) -> list[dict] | None:
@@ -469,9 +500,10 @@ class _Search:
         bests = [r.best() for r in self.ranges]
         for n, r in enumerate(self.ranges):
             if bests[n] is not None:
-                op = self.fam.at(**{self.name: r.hi})
-                for s in neighbours(r.cands[bests[n]], op, self.machine, self.fn):
-                    r.add(s)
+                b = bests[n]
+                op = self.fam.at(**{self.name: r.value_of(b)})
+                for s in neighbours(r.cands[b], op, self.machine, self.fn):
+                    r.add(s, at=r.at.get(b))
             for m in (n - 1, n + 1):
                 if 0 <= m < len(self.ranges) and bests[m] is not None:
                     try:
@@ -492,8 +524,8 @@ class _Search:
             if r is None or (m.error is None and m.total(r.pts) is None):
                 continue  # another ladder's range, or cut short: measured again
             try:
-                i = r.add(record(self.fam.at(**{self.name: top}), self.machine, self.fn,
-                                 m.knobs))
+                i = r.add(record(self.fam.at(**{self.name: m.at or top}), self.machine,
+                                 self.fn, m.knobs), at=m.at)
             except ScheduleError:
                 continue
             r.done[i] = m
