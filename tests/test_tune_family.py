@@ -82,12 +82,14 @@ def test_what_a_family_tuning_cannot_do_is_a_typed_error():
         tune.tune(family(), "cpu", trials=2, runner=tune.PoolRunner(1))
 
 
-def test_a_symbol_in_two_axes_offers_the_model_s_best_inside_a_range_at_its_own_value(
+def test_a_range_opens_with_the_untuned_kernels_and_a_symbol_in_two_axes_gets_inside_ones(
         tmp_path):
-    """Attention's scores (s in rows and columns): each range's candidates include the
-    model's best at its inside samples, whose column blocks suit that value; where those
-    knobs do not record at the range's top, they are measured, stored and built recorded at
-    their own value, and the kernel runs every value of the range."""
+    """Each range's first candidates are the kernels an untuned build runs there, measured
+    first, top first (a tuned range never lacks a reading of what it replaces). Attention's
+    scores (s in rows and columns) also get the model's best at each range's inside samples,
+    whose column blocks suit that value; where those knobs do not record at the range's
+    top, they are measured, stored and built recorded at their own value, and the kernel
+    runs every value of the range."""
     from tsl.dynamic.shape import dims_of
     from tsl.record import record
     from tsl.schedules import default_schedule
@@ -98,6 +100,13 @@ def test_a_symbol_in_two_axes_offers_the_model_s_best_inside_a_range_at_its_own_
     fn = default_schedule(fam.name)
     db = Database(tmp_path / "t.jsonl")
     run = _Search(fam, backend, m, fn, dims_of(fam).axes, db, 0)
+    untuned = tsl.build(fam, "cpu")
+    assert [k.knobs for k in untuned.kernels] == [
+        dict(r.cands[i].knob_values) for r in run.ranges for i in r.opening]
+    assert max(len(r.opening) for r in run.ranges) > 1  # a second kernel opens too
+    assert [i for _, i in run.picks(len(run.ranges), None)] == [r.opening[0]
+                                                               for r in run.ranges]
+
     r, i = next((r, i) for r in run.ranges for i in r.at)
     knobs, at = dict(r.cands[i].knob_values), r.at[i]
     assert r.lo < at < r.hi and at in r.pts

@@ -9,10 +9,11 @@ alternately with it and read as the ratio of the two at the reference's level
 (`_Search._against`), so readings made minutes apart on a shared host compare; the level is
 the median of the reference's readings, its first and one per round, when every range's
 reference is timed again in one hold of the timing lock (`_Search.relevel`), so that the
-ranges' seconds, which train one model, come from the same moments of the host. Round one
-measures, per range, the cost model's own choice (what an untuned build runs); each later
-round one more candidate per range: the one predicted to take most time
-off the range's samples, each sample at the least measured there so far (a build runs a
+ranges' seconds, which train one model, come from the same moments of the host. The first
+rounds measure, per range, the kernels an untuned build runs there, one per round (the cost
+model's choice at the top, then its second and third: `tsl.dynamic.microkernel.choose`), so a
+tuned range measured its untuned kernels; each later round one more candidate per range: the
+one predicted to take most time off the range's samples, each sample at the least measured there so far (a build runs a
 range's best and a second candidate where that is faster: `tsl.tune.family.second`), ties by
 the predicted total. A range's candidates are the model's best at its top, knobs drawn at
 random from the space (as the static tuner's pool) and, for a symbol in two or more axes,
@@ -157,6 +158,7 @@ class _Range:
         self.cands: list = []  # schedules recorded at hi, or at `at`'s value
         self.at: dict[int, int] = {}  # candidate -> the value inside its knobs record at
         self.known: dict[str, int] = {}
+        self.opening: list[int] = []  # the untuned build's kernels, its top first
         self.done: dict[int, Measured] = {}
         self.ref: tuple | None = None  # (bound kernel, its free inputs): `_time`
         # The reference's readings per sample (its first, then one per round: `_Search.relevel`)
@@ -211,7 +213,7 @@ class _Range:
 
 class _Search:
     def __init__(self, fam, backend, machine, fn, axes, db, seed: int):
-        from ..dynamic import _check as microkernel_check, microkernel
+        from ..dynamic import _check as microkernel_check, microkernel, symbolic_ladder
 
         self.fam, self.backend, self.machine, self.fn = fam, backend, machine, fn
         self.axes, self.db, self.seed = axes, db, seed
@@ -221,7 +223,10 @@ class _Search:
         self.ranges = [_Range(lo, hi, pts) for lo, hi, pts in ranges(fam)]
         self.ests: dict[tuple, tuple] = {}  # (range top, knobs, value) -> (analytic, feats)
         check = microkernel_check(machine)
-        for r in self.ranges:
+        upper = next(iter(fam.syms.values())).upper
+        untuned = microkernel.kernels(fam, machine, fn, axes, symbolic_ladder(upper), upper,
+                                      None, check)
+        for r, ks in zip(self.ranges, untuned, strict=True):
             for c in microkernel.pool(fam, machine, fn, axes, r.hi, None, check, top=POOL):
                 r.add(c.schedule)
             totals = self.predicted_totals(r, list(range(len(r.cands))), None)
@@ -235,6 +240,8 @@ class _Search:
                 r.add(s)
             if len(axes) > 1:
                 self._add_inside(r, check)
+            r.opening = list(dict.fromkeys(
+                r.add(k.schedule, at=None if k.value == r.hi else k.value) for k in ks))
         self._resume()
 
     def _add_inside(self, r: _Range, check) -> None:
@@ -315,8 +322,9 @@ class _Search:
             todo = [i for i in range(len(r.cands)) if i not in r.done]
             if len(out) == room or not todo:
                 continue
-            if 0 in todo:  # the model's choice opens every range
-                out.append((r, 0))
+            first = [i for i in r.opening if i in todo]
+            if first:  # the untuned build's kernels open every range
+                out.append((r, first[0]))
                 continue
             pred = self.predicted(r, todo, model)
             # the analytic model's seconds are not the timings' scale: its totals alone
@@ -542,8 +550,9 @@ class _Search:
             res.knobs[r.hi] = dict(r.cands[b].knob_values)
             res.seconds[r.hi] = r.done[b].total(r.pts)
             res.samples[r.hi] = list(r.pts)
-            if 0 in r.done and r.done[0].total(r.pts) is not None:
-                res.default_seconds[r.hi] = r.done[0].total(r.pts)
+            d = r.done.get(r.opening[0]) if r.opening else None
+            if d is not None and d.total(r.pts) is not None:
+                res.default_seconds[r.hi] = d.total(r.pts)
         if not res.knobs:
             raise TSLError(f"tuning {self.fam} for {self.machine.name}: every candidate "
                            f"measured failed ({res.trials})")
