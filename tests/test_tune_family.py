@@ -140,6 +140,22 @@ def test_the_build_takes_each_range_s_least_total_and_only_complete_ones(tmp_pat
     assert art.kernels[-1].knobs == other and art.verify(m=lo + 1)[0]
 
 
+def test_beside_the_best_a_range_runs_the_candidates_that_beat_it_where_the_others_do_not():
+    from tsl.tune.family import Measured, beside
+
+    pts = [65, 86, 107, 128]
+
+    def cand(*ms):
+        return Measured(128, {"n": len(ms)}, dict(zip(pts, ms)))
+    top = cand(1.0, 1.0, 1.0, 1.0)  # least total: 4.0
+    low = cand(0.5, 0.9, 1.2, 1.5)  # beats it at 65 and 86
+    again = cand(0.55, 0.95, 1.3, 1.6)  # beats the top where `low` already does: not taken
+    high = cand(1.3, 1.2, 0.99, 0.9)  # beats both at 128
+    near = cand(1.1, 1.1, 0.97, 0.97)  # within NOISE of the top everywhere
+    assert beside(top, [top, near, again, high, low], pts) == [low, high]
+    assert beside(top, [top, near], pts) == []
+
+
 def test_a_range_runs_a_second_candidate_where_its_timings_are_lower(tmp_path):
     """Where another candidate (a smaller row block) was timed faster than the range's best
     at its low samples, the build compiles both and splits the range by the timings."""

@@ -11,10 +11,10 @@ for in place of a shape, then machine, machine file hash, schedule name and sche
 hash (with tsl's version) as for any key. A record's knobs are {"knobs": the schedule's,
 "top": the range's hi, "value": the value it was timed at}, and "at": the value inside the
 range its knobs are recorded at, where they do not record at hi (`Measured.at`). A range's
-tuned knobs are those
-of least total time over all its samples, with a second kernel where another candidate is
-faster at some of them (`second`); records of the same family made for another bound,
-or by another source of the schedule, are reported (a warning) and not used.
+tuned knobs are those of least total time over all its samples, with up to two kernels
+beside where other candidates are faster at some of them (`beside`); records of the same
+family made for another bound, or by another source of the schedule, are reported (a
+warning) and not used.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from ..ops.sym import Sym
 from .keys import Key, knobs_key, machine_hash, schedule_hash, schedule_name, signature
 
-# A second kernel for a range only where it beats the range's best by more than this at one
-# of its samples at least: a kernel timed again read a few percent apart (the least of 5
-# calls, at real-time priority under the timing lock).
+# A kernel beside a range's best only where it beats the best (and those beside it) by more
+# than this at one of its samples at least: a kernel timed again read a few percent apart
+# (the least of 5 calls, at real-time priority under the timing lock).
 NOISE = 0.05
+BESIDE = 2  # kernels beside the best: as many as an untuned build runs beside its top
 
 
 def family_key(fam, machine, fn) -> Key:
@@ -91,7 +92,7 @@ def measured(db, key: Key) -> dict[tuple, Measured]:
 
 def best_knobs(db, fam, machine, fn) -> dict[int, list[Measured]] | None:
     """{range top: its kernels}, for the ranges the database measured completely: the
-    candidate of least total time over the range's samples, and `second`'s; None when
+    candidate of least total time over the range's samples, and `beside`'s; None when
     there are none (what does not apply is reported)."""
     key = family_key(fam, machine, fn)
     _report_other_bounds(db, key)
@@ -102,21 +103,30 @@ def best_knobs(db, fam, machine, fn) -> dict[int, list[Measured]] | None:
         done = [m for (top, _), m in got.items() if top == hi and m.total(pts) is not None]
         if done:
             top = min(done, key=lambda m: m.total(pts))
-            out[hi] = [top] + second(top, done, pts)
+            out[hi] = [top] + beside(top, done, pts)
     return out or None
 
 
-def second(top: Measured, done: list[Measured], pts) -> list[Measured]:
-    """[the candidate that takes most time off the range's samples where it beats `top`],
-    or [] when none beats it by more than NOISE at any sample: a build splits the range
-    between the two by their timings (`tsl.dynamic.microkernel`), so a candidate of a
-    smaller row block runs the values the top's block pads (a 64-trial tune at m = 100
-    picks another kernel than the one least over (64, 128]: benchmarks/README.md, tune41)."""
-    def gain(m: Measured) -> float:
-        return sum(max(0.0, top.seconds[v] - m.seconds[v]) for v in pts)
-    beats = [m for m in done if m is not top
-             and any(m.seconds[v] * (1 + NOISE) < top.seconds[v] for v in pts)]
-    return [max(beats, key=gain)] if beats else []
+def beside(top: Measured, done: list[Measured], pts) -> list[Measured]:
+    """Up to BESIDE candidates a build runs beside `top` on a range's values, each the one
+    that takes most time off the range's samples where it beats `top` and those already
+    chosen by more than NOISE at a sample: a build splits the range between them by their
+    timings (`tsl.dynamic.microkernel`), so a candidate of a smaller row block runs the values
+    the top's block pads (a 64-trial tune at m = 100 picks another kernel than the one least
+    over (64, 128]: benchmarks/README.md, tune41), and attention's range (64, 128] runs the
+    best total, the 4 x 112 blocks near s = 107 and the untuned top's at 128 (lead46), as an
+    untuned build runs a top, a second and a third."""
+    floor = dict(top.seconds)
+    out: list[Measured] = []
+    for _ in range(BESIDE):
+        beats = [m for m in done if m is not top and m not in out
+                 and any(m.seconds[v] * (1 + NOISE) < floor[v] for v in pts)]
+        if not beats:
+            break
+        out.append(max(beats, key=lambda m: sum(max(0.0, floor[v] - m.seconds[v])
+                                                 for v in pts)))
+        floor = {v: min(floor[v], out[-1].seconds[v]) for v in pts}
+    return out
 
 
 def _report_other_bounds(db, key: Key) -> None:

@@ -14,7 +14,7 @@ rounds measure, per range, the kernels an untuned build runs there, one per roun
 model's choice at the top, then its second and third: `tsl.dynamic.microkernel.choose`), so a
 tuned range measured its untuned kernels; each later round one more candidate per range: the
 one predicted to take most time off the range's samples, each sample at the least measured there so far (a build runs a
-range's best and a second candidate where that is faster: `tsl.tune.family.second`), ties by
+range's best and up to two more where they are faster: `tsl.tune.family.beside`), ties by
 the predicted total. A range's candidates are the model's best at its top, knobs drawn at
 random from the space (as the static tuner's pool) and, for a symbol in two or more axes,
 the model's best at the range's inside samples (`_Search._add_inside`). The prediction is
@@ -315,7 +315,7 @@ class _Search:
     def picks(self, room: int, model) -> list[tuple[_Range, int]]:
         """Per range (while `room` lasts), its unmeasured candidate predicted to take most
         off the range's samples, each at the least any candidate measured there (a build
-        runs a second kernel where one beats the best: `tsl.tune.family.second`); ties by
+        runs up to two more kernels where they beat the best: `tsl.tune.family.beside`); ties by
         the predicted total."""
         out = []
         for r in self.ranges:
