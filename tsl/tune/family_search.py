@@ -337,7 +337,8 @@ class _Search:
     # -- measuring -----------------------------------------------------------------------
     def measure(self, r: _Range, i: int) -> None:
         s = r.cands[i]
-        got = Measured(r.hi, dict(s.knob_values), at=r.at.get(i))
+        got = Measured(r.hi, dict(s.knob_values), at=r.at.get(i),
+                       untuned=bool(r.opening) and i == r.opening[0])
         try:
             got.seconds, got.error = self._time(r, s)
         except BackendUnavailable:
