@@ -91,9 +91,10 @@ def ladder(upper: int, granule: int, chunkable: bool, ratio: float = 1.5) -> lis
 
 
 def table(kernels: list[Kernel], upper: int, chunkable: bool,
-          call_s: float = CALL_SECONDS) -> Table:
-    """The cheapest plan (model seconds + `call_s` per call: `calls.call_seconds`) for
-    every value 1..upper."""
+          call_s: float = CALL_SECONDS, cut_any: bool = False) -> Table:
+    """The cheapest plan (each kernel's `seconds` + `call_s` per call: `calls.call_seconds`)
+    for every value 1..upper. `cut_any`: every kernel may cut, not only the top (where its
+    `seconds` are what a call costs, `simulated`)."""
     top = max(range(len(kernels)), key=lambda n: kernels[n].value)
     cost = [0.0] * (upper + 1)
     first: list[tuple[int, bool]] = [(0, False)] * (upper + 1)
@@ -102,7 +103,7 @@ def table(kernels: list[Kernel], upper: int, chunkable: bool,
         for n, k in enumerate(kernels):
             if k.value >= v:
                 c, step = k.seconds + call_s, (n, False)
-            elif chunkable and n == top:
+            elif chunkable and (cut_any or n == top):
                 c, step = k.seconds + call_s + cost[v - k.value], (n, True)
             else:
                 continue
