@@ -29,7 +29,8 @@ def test_a_rung_is_added_in_the_gap_priced_worst_against_the_line():
     assert simulated._worst_gap(ks, tab) is None  # v calls of 1 row cost the line exactly
     ks = [plan.Kernel(v, None, s) for v, s in ((16, 16.0), (64, 40.0))]
     tab = plan.table(ks, 64, chunkable=True, call_s=0.0, cut_any=True)
-    assert simulated._worst_gap(ks, tab) == (16, 64)  # 17 as 16 + 16: 32, the line 16.5
+    assert simulated._worst_gap(ks, tab) == (ks[0], ks[1])  # 17 as 16 + 16: 32, line 16.5
+    assert simulated._worst_gap(ks, tab, {(16, 64)}) is None
     assert simulated._middle(16, 64) == 40 and simulated._middle(32, 34) == 33
 
 
@@ -52,5 +53,6 @@ def test_a_vta_family_is_priced_by_its_simulated_cycles_and_bit_exact(monkeypatc
             if k.value >= v:
                 assert tab.price(v) <= k.seconds + tab.call_seconds + 1e-15
     assert any(len(art.pieces(v)) > 1 for v in (5, 7, 11))
+    assert "(simulated seconds per call" in art.dispatch()
     for m in (5, 7, 11, 12):
         assert art.verify(m=m) == (True, 0.0), m

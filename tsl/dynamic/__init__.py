@@ -86,12 +86,10 @@ def build_family(fam: Family, backend, machine, fn: Callable | None = None, knob
     upper, chunkable = dims.symbol.upper, dims.chunk_axis is not None
     call_s = call_seconds(backend, machine)
     if backend.simulated:  # priced by what each call costs there
-        kernels = simulated.priced(backend, kernels, chunkable, options)
-        if not chunkable:
-            return DynamicArtifact(fam, dims, kernels, plan.table(kernels, upper, False, call_s))
         kernels, tab = simulated.refined(
-            backend, lambda v: kernels_for(fam, machine, fn, [v], knobs)[0], kernels, upper,
-            call_s, options)
+            backend, lambda v: kernels_for(fam, machine, fn, [v], knobs)[0],
+            simulated.priced(backend, kernels, chunkable, options), upper, chunkable, call_s,
+            options)
         return DynamicArtifact(fam, dims, kernels, tab)
     tab = plan.table(kernels, upper, chunkable, call_s)
     for n in sorted(tab.used()):

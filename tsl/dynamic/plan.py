@@ -62,6 +62,7 @@ class Table:
     ranges: list[Range]
     seconds: object = field(repr=False)  # model time per value: a list, or v -> seconds
     call_seconds: float = CALL_SECONDS  # one call's fixed cost in those times (`calls`)
+    basis: str = "model"  # what priced the kernels: "model", or "simulated" (`simulated`)
 
     def __post_init__(self):
         self._los = [r.lo for r in self.ranges]
@@ -135,7 +136,7 @@ def pieces(tab: Table, kernels: list[Kernel], v: int) -> list[tuple[int, int]]:
 
 def describe(tab: Table, kernels: list[Kernel], name: str) -> str:
     """The decision table as text: each range, the kernel it runs and the model's why."""
-    lines = [f"{name} -> micro-kernels (model seconds per call: kernel time + "
+    lines = [f"{name} -> micro-kernels ({tab.basis} seconds per call: kernel time + "
              f"{tab.call_seconds * 1e6:.0f} us per call)"]
     for n, k in enumerate(kernels):
         mark = "" if n in tab.used() else "  (not used: never the cheapest)"
@@ -148,6 +149,6 @@ def describe(tab: Table, kernels: list[Kernel], name: str) -> str:
                else f"kernel {r.kernel}, padded to whole blocks {k.blocks}" if k.blocks
                else f"kernel {r.kernel}, padded to {name}={k.value}")
         span = f"[{r.lo}, {r.hi}]" if r.lo != r.hi else f"{r.lo}"
-        lines.append(f"  {name} in {span}: {how}; model {tab.price(r.lo) * 1e3:.4f}"
+        lines.append(f"  {name} in {span}: {how}; {tab.basis} {tab.price(r.lo) * 1e3:.4f}"
                      f"..{tab.price(r.hi) * 1e3:.4f} ms")
     return "\n".join(lines)

@@ -6,16 +6,18 @@ built, so the table (`plan.table`) weighs the kernels' simulated times, and may 
 into calls of any kernel (`cut_any`): a call's price is then what it costs, where on the CPU
 the model missed each call's fixed costs (`plan`'s text). The ladder changes two ways:
 
-- Its top stops where a rung's time per value is within PLATEAU of the rung before it (the
-  program is bound by its compute there): larger values are cut into calls of the rungs
-  below, whose extra call costs a few percent of such values, instead of compiling the
-  largest programs (dense 768->3072 on vta-1x16x16: 11.50 k cycles per row at 512, 11.49 k
-  at 1024, which took as long to compile as the 16 rungs below it).
+- Its top stops at the first rung not PLATEAU cheaper per value than the rung before it:
+  larger values are cut into calls of the rungs below instead of compiling the largest
+  programs. The dense families of issue #25 on vta-1x16x16 stop at 48 rows (the 48-row
+  program costs more per row than the 32-row one): 15-16 kernels, 5.6-6.7 s of CPU, where
+  the ladder to 1024 built 20 in 8.5-10 s. The price: 32-row calls run 2-5% above the 512- and
+  1024-row programs' cycles per row, and each call loads all the weights (768->3072 at
+  m = 2048: 160 MB of DRAM against the static build's 36 MB, which the cycle model's DMA
+  overlaps with compute; benchmarks/README.md, vta46).
 - Where a value is padded (or cut) to a price above TOLERANCE times the line between the
-  two rungs around it (what a program of its own would cost, about), a rung is added in the
-  middle of that gap, at most EXTRA of them: the gaps of the ratio-1.5 ladder pad a
-  compute-bound value by up to half (768->3072 at m = 100 ran the 128 rung, 1.19x its
-  static program's cycles; benchmarks/README.md, vta46).
+  two rungs around it (about what a program of its own would cost), a rung is added in the
+  middle of that gap, at most EXTRA of them: the gaps of the ratio-1.5 ladder padded
+  768->3072 at m = 100 to the 128 rung, 1.19x its static program's cycles.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import math
 
 from . import plan
 
-PLATEAU = 0.02  # a rung this much cheaper per value than the one below it ends the ladder
+PLATEAU = 0.02  # a rung not this much cheaper per value than the one below it ends the ladder
 TOLERANCE = 1.06  # a plan's price over the line between rungs that adds a rung
 EXTRA = 10  # rungs added at most
 
@@ -43,22 +45,29 @@ def priced(backend, kernels: list[plan.Kernel], chunkable: bool, options: dict):
     return out
 
 
-def refined(backend, add, kernels: list[plan.Kernel], upper: int, call_s: float,
-            options: dict) -> tuple[list[plan.Kernel], plan.Table]:
+def refined(backend, add, kernels: list[plan.Kernel], upper: int, chunkable: bool,
+            call_s: float, options: dict) -> tuple[list[plan.Kernel], plan.Table]:
     """The table of `kernels`, with rungs added (`add(value)` records one) in the middle of
     the gap of the value whose plan is priced worst against the line between the rungs
-    around it, until every value is within TOLERANCE or EXTRA rungs are added."""
+    around it, until every value is within TOLERANCE or EXTRA rungs are added. A rung that
+    itself costs over TOLERANCE times the line is a step in the cost, not padding (one head
+    of attention's scores on VTA: s = 130 costs 2.3x s = 128, as a static build does): the
+    gap below it is not split again."""
+    steps: set = set()
     for _ in range(EXTRA + 1):
-        tab = plan.table(kernels, upper, True, call_s, cut_any=True)
-        gap = _worst_gap(kernels, tab)
+        tab = plan.table(kernels, upper, chunkable, call_s, cut_any=True)
+        gap = _worst_gap(kernels, tab, steps)
         if gap is None:
             break
-        lo, hi = gap
-        k = add(_middle(lo, hi))
+        (a, b), mid = gap, _middle(gap[0].value, gap[1].value)
+        k = add(mid)
         _price(backend, k, options)
+        if k.seconds > TOLERANCE * _line(a, b, mid):
+            steps.add((a.value, mid))
         kernels = sorted(kernels + [k], key=lambda k: k.value)
     else:
-        tab = plan.table(kernels, upper, True, call_s, cut_any=True)
+        tab = plan.table(kernels, upper, chunkable, call_s, cut_any=True)
+    tab.basis = "simulated"
     return kernels, tab
 
 
@@ -68,18 +77,22 @@ def _price(backend, k: plan.Kernel, options: dict) -> None:
     k.seconds = backend.measure(k.artifact).seconds
 
 
-def _worst_gap(kernels, tab: plan.Table) -> tuple[int, int] | None:
-    """The rungs (lo, hi) around the value priced worst against the line between their
-    prices, where that is above TOLERANCE and a rung fits between them."""
+def _line(a: plan.Kernel, b: plan.Kernel, v: int) -> float:
+    return a.seconds + (b.seconds - a.seconds) * (v - a.value) / (b.value - a.value)
+
+
+def _worst_gap(kernels, tab: plan.Table, steps=frozenset()):
+    """The rungs (a, b) around the value priced worst against the line between their
+    prices, where that is above TOLERANCE, a rung fits between them and their gap is not
+    one of `steps` ((lo, hi) values); None where there is none."""
     worst, gap = TOLERANCE, None
     for a, b in zip(kernels, kernels[1:]):
-        if b.value - a.value < 2:
+        if b.value - a.value < 2 or (a.value, b.value) in steps:
             continue
         for v in range(a.value + 1, b.value):
-            line = a.seconds + (b.seconds - a.seconds) * (v - a.value) / (b.value - a.value)
-            r = (tab.price(v) - tab.call_seconds) / line
+            r = (tab.price(v) - tab.call_seconds) / _line(a, b, v)
             if r > worst:
-                worst, gap = r, (a.value, b.value)
+                worst, gap = r, (a, b)
     return gap
 
 
