@@ -56,3 +56,11 @@ def test_a_vta_family_is_priced_by_its_simulated_cycles_and_bit_exact(monkeypatc
     assert "(simulated seconds per call" in art.dispatch()
     for m in (5, 7, 11, 12):
         assert art.verify(m=m) == (True, 0.0), m
+
+    from tsl.bench import dynamic_vta
+
+    r = dynamic_vta.row("dense", art.family, art, 7)  # the bench's VTA row: cycles of the calls
+    assert r["verified"] and r["calls"] == len(art.pieces(7))
+    assert r["dynamic_cycles"] == sum(art.kernels[k].artifact.estimate().cycles
+                                      for k, _ in art.pieces(7))
+    assert r["static_cycles"] > 0 and r["ratio"] == r["dynamic_cycles"] / r["static_cycles"]
