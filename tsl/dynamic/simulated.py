@@ -54,9 +54,9 @@ def refined(backend, add, kernels: list[plan.Kernel], upper: int, chunkable: boo
     of attention's scores on VTA: s = 130 costs 2.3x s = 128, as a static build does): the
     gap below it is not split again."""
     steps: set = set()
-    for _ in range(EXTRA + 1):
+    for added in range(EXTRA + 1):
         tab = plan.table(kernels, upper, chunkable, call_s, cut_any=True)
-        gap = _worst_gap(kernels, tab, steps)
+        gap = _worst_gap(kernels, tab, steps) if added < EXTRA else None
         if gap is None:
             break
         (a, b), mid = gap, _middle(gap[0].value, gap[1].value)
@@ -65,8 +65,6 @@ def refined(backend, add, kernels: list[plan.Kernel], upper: int, chunkable: boo
         if k.seconds > TOLERANCE * _line(a, b, mid):
             steps.add((a.value, mid))
         kernels = sorted(kernels + [k], key=lambda k: k.value)
-    else:
-        tab = plan.table(kernels, upper, chunkable, call_s, cut_any=True)
     tab.basis = "simulated"
     return kernels, tab
 
