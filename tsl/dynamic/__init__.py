@@ -82,15 +82,17 @@ def build_family(fam: Family, backend, machine, fn: Callable | None = None, knob
         raise ScheduleError(f"{fam}: the kernels cover {dims.symbol.name} up to {values[-1]}, "
                             f"below the bound {dims.symbol.upper}, and {dims.symbol.name} "
                             f"cannot be cut in chunks here; include the bound")
-    kernels = kernels_for(fam, machine, fn, values, knobs)
     upper, chunkable = dims.symbol.upper, dims.chunk_axis is not None
     call_s = call_seconds(backend, machine)
     if backend.simulated:  # priced by what each call costs there
+        def record(vs):
+            return kernels_for(fam, machine, fn, vs, knobs)
+
         kernels, tab = simulated.refined(
-            backend, lambda v: kernels_for(fam, machine, fn, [v], knobs)[0],
-            simulated.priced(backend, kernels, chunkable, options), upper, chunkable, call_s,
-            options)
+            backend, record, simulated.priced(backend, record, values, chunkable, options),
+            upper, chunkable, call_s, options)
         return DynamicArtifact(fam, dims, kernels, tab)
+    kernels = kernels_for(fam, machine, fn, values, knobs)
     tab = plan.table(kernels, upper, chunkable, call_s)
     for n in sorted(tab.used()):
         kernels[n].artifact = backend.build(kernels[n].schedule, **options)
