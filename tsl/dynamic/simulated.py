@@ -7,9 +7,9 @@ into calls of any kernel (`cut_any`): a call's price is then what it costs, wher
 the model missed each call's fixed costs (`plan`'s text). The ladder changes two ways:
 
 - Its top stops at the first rung not PLATEAU cheaper per value than the rung before it:
-  larger values are cut into calls of the rungs below instead of compiling the largest
-  programs. The dense families of issue #25 on vta-1x16x16 stop at 48 rows (the 48-row
-  program costs more per row than the 32-row one): 15-16 kernels, 5.6-6.7 s of CPU, where
+  larger values are cut into calls of the rungs below instead of searching and compiling the
+  largest programs. The dense families of issue #25 on vta-1x16x16 stop at 48 rows (the 48-row
+  program costs more per row than the 32-row one): 15-16 kernels, 3.3-4.2 s of CPU, where
   the ladder to 1024 built 20 in 8.5-10 s. The price: 32-row calls run 2-5% above the 512- and
   1024-row programs' cycles per row, and each call loads all the weights (768->3072 at
   m = 2048: 160 MB of DRAM against the static build's 36 MB, which the cycle model's DMA
