@@ -81,6 +81,9 @@ class Backend(ABC):
     # Programs `python -m tsl.bench` searches per operator by default (`--trials` overrides):
     # worth it where `measure` is cheap and exact, as a simulator's cycle count is.
     bench_trials: int = 0
+    # True where `measure` is a simulation (kind "simulated"): exact and deterministic, so
+    # a family's plan is priced by it (`tsl.dynamic.simulated`), not by the model.
+    simulated: bool = False
     # True where the back end's name means the machine detected on this host (`default`): the
     # bench then runs that name, not every built-in machine of the back end.
     host_detected: bool = False

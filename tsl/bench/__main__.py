@@ -181,9 +181,11 @@ def main(argv=None) -> int:
                   if args.values else None)
         else:
             from .dynamic_models import main as dynamic_models_main
+            from .dynamic_vta import main as dynamic_vta_main
 
             dynamic_main(args.quick, peers=not args.quick)
             dynamic_models_main(args.quick)  # the encoder with a symbolic sequence length
+            dynamic_vta_main(args.quick)  # the dense families on VTA, in simulated cycles
         return 0
     if args.realtime:
         timing.request()

@@ -16,7 +16,7 @@ from ..errors import ScheduleError
 from ..model import evaluate
 from ..ops.sym import Family
 from ..schedules import default_schedule
-from . import jobs, microkernel, plan, symbolic
+from . import jobs, microkernel, plan, simulated, symbolic
 from .microkernel import SMALL
 from .calls import call_seconds
 from .artifact import DynamicArtifact, DynamicBound
@@ -82,9 +82,18 @@ def build_family(fam: Family, backend, machine, fn: Callable | None = None, knob
         raise ScheduleError(f"{fam}: the kernels cover {dims.symbol.name} up to {values[-1]}, "
                             f"below the bound {dims.symbol.upper}, and {dims.symbol.name} "
                             f"cannot be cut in chunks here; include the bound")
+    upper, chunkable = dims.symbol.upper, dims.chunk_axis is not None
+    call_s = call_seconds(backend, machine)
+    if backend.simulated:  # priced by what each call costs there
+        def record(vs):
+            return kernels_for(fam, machine, fn, vs, knobs)
+
+        kernels, tab = simulated.refined(
+            backend, record, simulated.priced(backend, record, values, chunkable, options),
+            upper, chunkable, call_s, options)
+        return DynamicArtifact(fam, dims, kernels, tab)
     kernels = kernels_for(fam, machine, fn, values, knobs)
-    tab = plan.table(kernels, dims.symbol.upper, dims.chunk_axis is not None,
-                     call_seconds(backend, machine))
+    tab = plan.table(kernels, upper, chunkable, call_s)
     for n in sorted(tab.used()):
         kernels[n].artifact = backend.build(kernels[n].schedule, **options)
     return DynamicArtifact(fam, dims, kernels, tab)

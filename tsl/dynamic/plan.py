@@ -62,6 +62,7 @@ class Table:
     ranges: list[Range]
     seconds: object = field(repr=False)  # model time per value: a list, or v -> seconds
     call_seconds: float = CALL_SECONDS  # one call's fixed cost in those times (`calls`)
+    basis: str = "model"  # what priced the kernels: "model", or "simulated" (`simulated`)
 
     def __post_init__(self):
         self._los = [r.lo for r in self.ranges]
@@ -91,9 +92,10 @@ def ladder(upper: int, granule: int, chunkable: bool, ratio: float = 1.5) -> lis
 
 
 def table(kernels: list[Kernel], upper: int, chunkable: bool,
-          call_s: float = CALL_SECONDS) -> Table:
-    """The cheapest plan (model seconds + `call_s` per call: `calls.call_seconds`) for
-    every value 1..upper."""
+          call_s: float = CALL_SECONDS, cut_any: bool = False) -> Table:
+    """The cheapest plan (each kernel's `seconds` + `call_s` per call: `calls.call_seconds`)
+    for every value 1..upper. `cut_any`: every kernel may cut, not only the top (where its
+    `seconds` are what a call costs, `simulated`)."""
     top = max(range(len(kernels)), key=lambda n: kernels[n].value)
     cost = [0.0] * (upper + 1)
     first: list[tuple[int, bool]] = [(0, False)] * (upper + 1)
@@ -102,7 +104,7 @@ def table(kernels: list[Kernel], upper: int, chunkable: bool,
         for n, k in enumerate(kernels):
             if k.value >= v:
                 c, step = k.seconds + call_s, (n, False)
-            elif chunkable and n == top:
+            elif chunkable and (cut_any or n == top):
                 c, step = k.seconds + call_s + cost[v - k.value], (n, True)
             else:
                 continue
@@ -134,7 +136,7 @@ def pieces(tab: Table, kernels: list[Kernel], v: int) -> list[tuple[int, int]]:
 
 def describe(tab: Table, kernels: list[Kernel], name: str) -> str:
     """The decision table as text: each range, the kernel it runs and the model's why."""
-    lines = [f"{name} -> micro-kernels (model seconds per call: kernel time + "
+    lines = [f"{name} -> micro-kernels ({tab.basis} seconds per call: kernel time + "
              f"{tab.call_seconds * 1e6:.0f} us per call)"]
     for n, k in enumerate(kernels):
         mark = "" if n in tab.used() else "  (not used: never the cheapest)"
@@ -147,6 +149,6 @@ def describe(tab: Table, kernels: list[Kernel], name: str) -> str:
                else f"kernel {r.kernel}, padded to whole blocks {k.blocks}" if k.blocks
                else f"kernel {r.kernel}, padded to {name}={k.value}")
         span = f"[{r.lo}, {r.hi}]" if r.lo != r.hi else f"{r.lo}"
-        lines.append(f"  {name} in {span}: {how}; model {tab.price(r.lo) * 1e3:.4f}"
+        lines.append(f"  {name} in {span}: {how}; {tab.basis} {tab.price(r.lo) * 1e3:.4f}"
                      f"..{tab.price(r.hi) * 1e3:.4f} ms")
     return "\n".join(lines)

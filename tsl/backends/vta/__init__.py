@@ -28,6 +28,7 @@ class VTABackend(Backend):
     name = "vta"
     default_machine = "vta-1x16x16"
     bench_trials = 24
+    simulated = True
     Options = VTAOptions
     Params = VTAParams
     # What the codegen's programs do with the DMA (codegen.generate's row_pitch, keep_tiles,
