@@ -12,10 +12,11 @@ hash (with tsl's version) as for any key. A record's knobs are {"knobs": the sch
 "top": the range's hi, "value": the value it was timed at}, and "at": the value inside the
 range its knobs are recorded at, where they do not record at hi (`Measured.at`), and
 "untuned" on the kernel an untuned build runs at hi (`Measured.untuned`). A range's tuned
-knobs are those of least total time over all its samples (the untuned build's, where within
-NOISE of those: `best_knobs`), with up to two kernels beside where other candidates are
-faster at some of them (`beside`); records of the same family made for another bound, or by
-another source of the schedule, are reported (a warning) and not used.
+knobs are those of least total time over all its samples, with up to two kernels beside
+where other candidates are faster at some of them by more than NOISE (`beside`), and the
+untuned top where measured, which runs the values none of them is timed NOISE below
+(`best_knobs`); records of the same family made for another bound, or by another source of
+the schedule, are reported (a warning) and not used.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
+from ..dynamic.microkernel import MEASURED_NOISE
 from ..ops.sym import Sym
 from .keys import Key, knobs_key, machine_hash, schedule_hash, schedule_name, signature
 
 # A kernel beside a range's best only where it beats the best (and those beside it) by more
 # than this at one of its samples at least: a kernel timed again read a few percent apart
-# (the least of 5 calls, at real-time priority under the timing lock).
-NOISE = 0.05
+NOISE = MEASURED_NOISE
 BESIDE = 2  # kernels beside the best: as many as an untuned build runs beside its top
 
 
@@ -96,8 +97,8 @@ def measured(db, key: Key) -> dict[tuple, Measured]:
 
 def best_knobs(db, fam, machine, fn) -> dict[int, list[Measured]] | None:
     """{range top: its kernels}, for the ranges the database measured completely: the
-    candidate of least total time over the range's samples (the untuned top's where within
-    NOISE of it), and `beside`'s; None when
+    candidate of least total time over the range's samples and `beside`'s, after the
+    untuned top where it was measured; None when
     there are none (what does not apply is reported)."""
     key = family_key(fam, machine, fn)
     _report_other_bounds(db, key)
@@ -108,13 +109,13 @@ def best_knobs(db, fam, machine, fn) -> dict[int, list[Measured]] | None:
         done = [m for (top, _), m in got.items() if top == hi and m.total(pts) is not None]
         if done:
             top = min(done, key=lambda m: m.total(pts))
-            # the untuned top where its total is within NOISE of the least: readings that
-            # close do not order two kernels, and a static build at hi runs it (attention's
-            # (64, 128]: a best total 2.9% below it ran 1.04-1.15 of static at s = 128, the
-            # untuned top 0.98-1.03; lead46)
-            top = next((m for m in done if m.untuned
-                        and m.total(pts) <= (1 + NOISE) * top.total(pts)), top)
-            out[hi] = [top] + beside(top, done, pts)
+            ks = [top] + beside(top, done, pts)
+            # the untuned top first where measured: the build runs a value on another kernel
+            # only where its timings are more than NOISE below the first's
+            # (`microkernel.MEASURED_NOISE`); a best total 5% below it ran 1.05 of static
+            # at s = 128 (attention's (64, 128]), the untuned top 1.00-1.04 (lead46)
+            untuned = [m for m in done if m.untuned]
+            out[hi] = untuned[:1] + [m for m in ks if m not in untuned]
     return out or None
 
 
