@@ -98,8 +98,8 @@ def measured(db, key: Key) -> dict[tuple, Measured]:
 def best_knobs(db, fam, machine, fn) -> dict[int, list[Measured]] | None:
     """{range top: its kernels}, for the ranges the database measured completely: the
     candidate of least total time over the range's samples and `beside`'s, after the
-    untuned top where it was measured; None when
-    there are none (what does not apply is reported)."""
+    untuned top where it was measured; None when there are none (what does not apply is
+    reported)."""
     key = family_key(fam, machine, fn)
     _report_other_bounds(db, key)
     db.report_stale(key)
@@ -125,9 +125,8 @@ def beside(top: Measured, done: list[Measured], pts) -> list[Measured]:
     chosen by more than NOISE at a sample: a build splits the range between them by their
     timings (`tsl.dynamic.microkernel`), so a candidate of a smaller row block runs the values
     the top's block pads (a 64-trial tune at m = 100 picks another kernel than the one least
-    over (64, 128]: benchmarks/README.md, tune41), and attention's range (64, 128] runs the
-    best total, the 4 x 112 blocks near s = 107 and the untuned top's at 128 (lead46), as an
-    untuned build runs a top, a second and a third."""
+    over (64, 128]: benchmarks/README.md, tune41); up to BESIDE, as an untuned build runs a
+    top, a second and a third."""
     floor = dict(top.seconds)
     out: list[Measured] = []
     for _ in range(BESIDE):
