@@ -100,6 +100,28 @@ def test_time_alone_returns_a_rate_from_a_fresh_process():
     assert t.info["blas"] is None or "threads" in t.info["blas"]
 
 
+@pytest.mark.parametrize("op", [ops.dense(5, 48, 32, epilogue=ops.bias() + ops.relu()),
+                                ops.batch_matmul(3, 7, 9, 16)], ids=["dense", "batch_matmul"])
+def test_onnxruntime_peer_runs_the_operator_with_dynamic_rows(op):
+    pytest.importorskip("onnxruntime", reason="ONNX Runtime is an optional peer")
+    from tsl.backends.cpu import peers
+
+    sp = peers.spec(op)
+    assert "onnxruntime f32" in peers.makers(sp)
+    (y,) = peers.onnxruntime_gemm(sp)()
+    b, m, n, k = sp["gemm"]
+    lead = (b,) if op.name == "batch_matmul" else ()
+    rng = np.random.default_rng(0)  # the maker's draws, in its order
+    x = rng.standard_normal((*lead, m, k), dtype=np.float32)
+    w = rng.standard_normal((*lead, k, n), dtype=np.float32)
+    want = x @ w
+    if sp["bias"]:
+        want = want + rng.standard_normal(n, dtype=np.float32)
+    if sp["relu"]:
+        want = np.maximum(want, 0)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
 def test_time_alone_unknown_kind_is_an_input_error():
     with pytest.raises(InputError, match="unknown peer kind"):
         alone.time_alone("no such peer", {}, cores=1)

@@ -10,7 +10,8 @@ worker threads (TVM's pool, OpenBLAS) still spin on the two cores.
 Peers per operator: NumPy's float32 matmul of the same GEMM shape (conv2d: its im2col GEMM, the
 im2col not counted); PyTorch CPU's F.conv2d (oneDNN) for conv2d, F.linear (+ bias, relu) for
 dense and matmul, and fbgemm's quantized linear for int8 GEMMs (it saturates int16 partial sums
-on full-range inputs: a speed reference, not an exactness one).
+on full-range inputs: a speed reference, not an exactness one); ONNX Runtime's MatMul (+ Add,
+Relu) for float32 dense, matmul and batch_matmul, from a model whose rows are a dynamic axis.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def makers(sp: dict) -> dict:
     elif sp["kind"] in ("dense", "matmul") and sp["gemm"][0] == 1:
         out["torch int8 linear (fbgemm)" if sp["dtype"] == "int8" else "torch linear f32"] = \
             f"{mod}:torch_linear"
+    if sp["kind"] in ("dense", "matmul", "batch_matmul") and sp["dtype"] == "float32":
+        out["onnxruntime f32"] = f"{mod}:onnxruntime_gemm"
     return out
 
 
@@ -123,3 +126,48 @@ def torch_linear(sp: dict):
         y = F.linear(x, wt, bias)
         return F.relu(y) if sp.get("relu") else y
     return lin
+
+
+def onnxruntime_gemm(sp: dict):
+    """ONNX Runtime's CPU session of a model of the operator: MatMul (+ Add of the bias, Relu)
+    whose rows are a dynamic axis, as in a model exported with a dynamic sequence length or
+    batch (ORT takes the shape at run time); a dense operator's weights are initializers
+    (constants, as tsl's bound weights), a matmul's both operands inputs. Its intra-op threads
+    are the process's cores (OMP_NUM_THREADS, set by `tsl.bench.alone`)."""
+    import os
+
+    import numpy as np
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    b, m, n, k = sp["gemm"]
+    lead = [b] if sp["kind"] == "batch_matmul" else []
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((*lead, m, k), dtype=np.float32)
+    w = rng.standard_normal((*lead, k, n), dtype=np.float32)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, "m", k])]
+    inits, feeds = [], {"x": x}
+    if sp["kind"] == "dense":
+        inits.append(numpy_helper.from_array(w, "w"))
+    else:
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [*lead, k, n]))
+        feeds["w"] = w
+    nodes, last = [helper.make_node("MatMul", ["x", "w"], ["mm"])], "mm"
+    if sp.get("bias"):
+        inits.append(numpy_helper.from_array(rng.standard_normal(n, dtype=np.float32), "b"))
+        nodes.append(helper.make_node("Add", [last, "b"], ["biased"]))
+        last = "biased"
+    if sp.get("relu"):
+        nodes.append(helper.make_node("Relu", [last], ["relu"]))
+        last = "relu"
+    graph = helper.make_graph(nodes, "peer", inputs,
+                              [helper.make_tensor_value_info(last, TensorProto.FLOAT, None)],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = int(os.environ.get("OMP_NUM_THREADS", "0"))
+    sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, feeds)
