@@ -3,13 +3,13 @@
 Per family and value: the dynamic artifact (`tsl.build(family)`: built once) against a
 static build of that value, both called with their constants bound (`bind`), timed paired
 (`_paired`: rounds of alternated calls, the row's ratio the median of the rounds' ratios; each
-round with ``TSL_TIMING_LOCK=<file>`` under an exclusive lock on that file, `tsl.timing.exclusive`,
-so no cooperating timing on the host overlaps, and with ``TSL_TIMING=realtime`` at real-time
-priority, `tsl.timing.realtime`), and the
-peers of the operator at that value timed alone (`tsl.bench.alone`: NumPy, PyTorch, and ONNX
-Runtime running a model whose rows are a dynamic axis, as the peers that take dynamic shapes
-natively). Also the family's compile time and its kernels. The ">= within 10%" numbers are read here, never
-asserted in tests.
+round with ``TSL_TIMING_LOCK=<file>`` under an exclusive lock on that file,
+`tsl.timing.exclusive`, so no cooperating timing on the host overlaps, and with
+``TSL_TIMING=realtime`` at real-time priority, `tsl.timing.realtime`), and the peers of the
+operator at that value timed alone (`tsl.bench.alone`: NumPy, PyTorch, and ONNX Runtime
+running a model whose rows are a dynamic axis, as the peers that take dynamic shapes
+natively). Also the family's compile time and its kernels. The ">= within 10%" numbers are
+read here, never asserted in tests.
 
 With ``--tune N`` (`tuned`): each family tuned once with 2 x N trials (`tsl.tune.tune(family)`)
 against a static N-trial tune of every value, each built from its database and timed as above;
