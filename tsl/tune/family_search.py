@@ -13,17 +13,18 @@ ranges' seconds, which train one model, come from the same moments of the host. 
 rounds measure, per range, the kernels an untuned build runs there, one per round (the cost
 model's choice at the top, then its second and third: `tsl.dynamic.microkernel.choose`), so a
 tuned range measured its untuned kernels; each later round one more candidate per range: the
-one predicted to take most time off the range's samples, each sample at the least measured there so far (a build runs a
-range's best and up to two more where they are faster: `tsl.tune.family.beside`), ties by
-the predicted total. A range's candidates are the model's best at its top, knobs drawn at
-random from the space (as the static tuner's pool) and, for a symbol in two or more axes,
-the model's best at the range's inside samples (`_Search._add_inside`). The prediction is
-the analytic model's time of the knobs at each sample (padded to their row block) corrected
-by ONE XGBoost model shared across the ranges, trained on every measurement so far: its
-features are the static tuner's (program and knobs, size free) and the value itself and its
-padding, so what it learns at one value of M ranks the candidates at the others. After each
-round the one-knob neighbours of a range's best and the best knobs of the ranges beside it
-(where they record) join its candidates. At the end a range's best two, where within TIE, are timed again
+one predicted to take most time off the range's samples, each sample at the least measured
+there so far (a build runs a range's best and up to two more where they are faster:
+`tsl.tune.family.beside`), ties by the predicted total. A range's candidates are the model's
+best at its top, knobs drawn at random from the space (as the static tuner's pool) and, for a
+symbol in two or more axes, the model's best at the range's inside samples
+(`_Search._add_inside`). The prediction is the analytic model's time of the knobs at each
+sample (padded to their row block) corrected by ONE XGBoost model shared across the ranges,
+trained on every measurement so far: its features are the static tuner's (program and knobs,
+size free) and the value itself and its padding, so what it learns at one value of M ranks the
+candidates at the others. After each round the one-knob neighbours of a range's best and the
+best knobs of the ranges beside it (where they record) join its candidates. At the end a
+range's best two, where within TIE, are timed again
 alternately to order them (`_Search.settle`).
 """
 
