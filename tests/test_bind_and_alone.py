@@ -101,7 +101,9 @@ def test_time_alone_returns_a_rate_from_a_fresh_process():
 
 
 @pytest.mark.parametrize("op", [ops.dense(5, 48, 32, epilogue=ops.bias() + ops.relu()),
-                                ops.batch_matmul(3, 7, 9, 16)], ids=["dense", "batch_matmul"])
+                                ops.batch_matmul(3, 7, 9, 16),
+                                ops.batch_matmul(2, 5, 6, 16, transpose_b=True)],
+                         ids=["dense", "batch_matmul", "batch_matmul_bt"])
 def test_onnxruntime_peer_runs_the_operator_with_dynamic_rows(op):
     pytest.importorskip("onnxruntime", reason="ONNX Runtime is an optional peer")
     from tsl.backends.cpu import peers

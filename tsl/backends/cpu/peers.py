@@ -35,7 +35,8 @@ def spec(op) -> dict:
     m, n, k = p["shape"][-3:]
     ep = op.epilogue
     return {"kind": op.name, "gemm": [batch, m, n, k], "dtype": op.dtype,
-            "bias": ep.has_bias, "relu": any(st.kind == "relu" for st in ep.steps)}
+            "bias": ep.has_bias, "relu": any(st.kind == "relu" for st in ep.steps),
+            "transpose_b": bool(p.get("transpose_b"))}
 
 
 def makers(sp: dict) -> dict:
@@ -132,8 +133,10 @@ def onnxruntime_gemm(sp: dict):
     """ONNX Runtime's CPU session of a model of the operator: MatMul (+ Add of the bias, Relu)
     whose rows are a dynamic axis, as in a model exported with a dynamic sequence length or
     batch (ORT takes the shape at run time); a dense operator's weights are initializers
-    (constants, as tsl's bound weights), a matmul's both operands inputs. Its intra-op threads
-    are the process's cores (OMP_NUM_THREADS, set by `tsl.bench.alone`)."""
+    (constants, as tsl's bound weights), a matmul's both operands inputs, B as N x K where the
+    operator transposes it (ORT's optimizer folds the Transpose into its MatMul), its columns a
+    dynamic axis too. Its intra-op threads are the process's cores (OMP_NUM_THREADS, set by
+    `tsl.bench.alone`)."""
     import os
 
     import numpy as np
@@ -148,13 +151,20 @@ def onnxruntime_gemm(sp: dict):
     x = rng.standard_normal((*lead, m, k), dtype=np.float32)
     w = rng.standard_normal((*lead, k, n), dtype=np.float32)
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, "m", k])]
-    inits, feeds = [], {"x": x}
+    inits, feeds, nodes, wname = [], {"x": x}, [], "w"
     if sp["kind"] == "dense":
         inits.append(numpy_helper.from_array(w, "w"))
+    elif sp.get("transpose_b"):  # B given as the operator takes it, N x K (attention's K)
+        wt = np.ascontiguousarray(np.swapaxes(w, -1, -2))
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [*lead, "n", k]))
+        feeds["w"], wname = wt, "wt"
+        nodes.append(helper.make_node("Transpose", ["w"], ["wt"],
+                                      perm=[*range(len(lead)), len(lead) + 1, len(lead)]))
     else:
-        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [*lead, k, n]))
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [*lead, k, "n"]))
         feeds["w"] = w
-    nodes, last = [helper.make_node("MatMul", ["x", "w"], ["mm"])], "mm"
+    nodes.append(helper.make_node("MatMul", ["x", wname], ["mm"]))
+    last = "mm"
     if sp.get("bias"):
         inits.append(numpy_helper.from_array(rng.standard_normal(n, dtype=np.float32), "b"))
         nodes.append(helper.make_node("Add", [last, "b"], ["biased"]))
