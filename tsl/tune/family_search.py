@@ -240,24 +240,27 @@ class _Search:
                                        seed + r.hi):
                 r.add(s)
             if len(axes) > 1:
-                self._add_inside(r, check)
+                self._add_inside(r, ks, check)
             r.opening = list(dict.fromkeys(
                 r.add(k.schedule, at=None if k.value == r.hi else k.value) for k in ks))
         self._resume()
 
-    def _add_inside(self, r: _Range, check) -> None:
+    def _add_inside(self, r: _Range, untuned: list, check) -> None:
         """The model's best at each sample inside range r (a symbol in two or more axes):
         blocks that suit a value inside the range, which the top's value may offer none of
         (attention's scores: 4 x 112 at s = 107, 0.96 of static at s = 100, where the top's
         8 x 32 ran 1.07-1.17: `tsl.dynamic.microkernel.third`). Recorded at the top where
         its knobs record there, else at their own value (7 column blocks of 16 do not divide
-        128)."""
+        128). A sample the untuned build's third kernel was searched at (`untuned`) takes
+        that kernel: the same search, not run again."""
         from ..model import search as model_search
         from ..record import record
 
+        searched = {k.value: k.schedule for k in untuned}
         for v in r.pts[1:-1]:
-            best = model_search(self.fam.at(**{self.name: v}), self.machine, self.fn, None,
-                                check=check).candidates[0].schedule
+            best = searched.get(v) or model_search(
+                self.fam.at(**{self.name: v}), self.machine, self.fn, None,
+                check=check).candidates[0].schedule
             try:
                 r.add(record(self.fam.at(**{self.name: r.hi}), self.machine, self.fn,
                              dict(best.knob_values)))
