@@ -156,17 +156,26 @@ def test_beside_the_best_a_range_runs_the_candidates_that_beat_it_where_the_othe
     assert beside(top, [top, near], pts) == []
 
 
-def test_a_range_runs_a_second_candidate_where_its_timings_are_lower(tmp_path):
-    """Where another candidate (a smaller row block) was timed faster than the range's best
-    at its low samples, the build compiles both and splits the range by the timings."""
-    from tsl.dynamic.symbolic import blocks_of, padded
+def _range_and_a_smaller_block():
+    """family(16)'s range (8, 16]: the family, its key, the range's bounds and samples, the
+    untuned build's top schedule there, and the knobs of the same with a smaller row block
+    (its `rows`)."""
+    from tsl.dynamic.symbolic import blocks_of
 
     fam, m = family(16), tsl.backend.resolve_target("cpu")[1]
-    key = family_key(fam, m, mine)
     (lo, top, pts), = [r for r in ranges(fam) if r[1] == 16]
     best = microkernel.choose(fam, m, mine, ("i",), lo, top, None, None)[0].schedule
     rows = 2 if blocks_of(best, ("i",))["i"] == 4 else 4
-    small = {**best.knob_values, "m_inner": rows, "m_outer": 1}
+    return (fam, family_key(fam, m, mine), lo, top, pts, best, rows,
+            {**best.knob_values, "m_inner": rows, "m_outer": 1})
+
+
+def test_a_range_runs_a_second_candidate_where_its_timings_are_lower(tmp_path):
+    """Where another candidate (a smaller row block) was timed faster than the range's best
+    at its low samples, the build compiles both and splits the range by the timings."""
+    from tsl.dynamic.symbolic import padded
+
+    fam, key, lo, top, pts, best, rows, small = _range_and_a_smaller_block()
     db = Database(tmp_path / "t.jsonl")
     for v in pts:  # the best: 0.8 ms anywhere; the small block: 60 us per padded row
         for knobs, t in ((dict(best.knob_values), 8e-4), (small, 6e-5 * padded(v, rows))):
@@ -185,14 +194,9 @@ def test_the_untuned_top_runs_the_values_no_tuned_kernel_is_timed_clearly_faster
     """A smaller row block, least in total, runs the range's low values, which it pads
     less; the untuned top runs its top, where the other is timed within the noise of it
     (0.8% slower: a static build at the top runs the untuned top)."""
-    from tsl.dynamic.symbolic import blocks_of, padded
+    from tsl.dynamic.symbolic import padded
 
-    fam, m = family(16), tsl.backend.resolve_target("cpu")[1]
-    key = family_key(fam, m, mine)
-    (lo, top, pts), = [r for r in ranges(fam) if r[1] == 16]
-    untuned = microkernel.choose(fam, m, mine, ("i",), lo, top, None, None)[0].schedule
-    rows = 2 if blocks_of(untuned, ("i",))["i"] == 4 else 4
-    small = {**untuned.knob_values, "m_inner": rows, "m_outer": 1}
+    fam, key, lo, top, pts, untuned, rows, small = _range_and_a_smaller_block()
     db = Database(tmp_path / "t.jsonl")
     for v in pts:
         t = 6.3e-5 * padded(v, rows)

@@ -35,6 +35,12 @@ QUICK_VALUES = (1, 31, 100, 333)
 ROUNDS, CALLS, ROUND_S = 7, 9, 0.05
 
 
+def spread(ratios: list[float], what: str = "dyn/static") -> str:
+    """A family's summary line: the geo-mean and the worst of its rows' ratios."""
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    return f"geo-mean {what} {geo:.3f}, worst {max(ratios):.3f}"
+
+
 def families(upper: int):
     import tsl
     from tsl.ops import sym
@@ -123,8 +129,7 @@ def main(quick: bool = False, peers: bool = True, upper: int = 2048) -> list[dic
             print(f"  {v:>6} {r['dynamic_s'] * 1e3:>11.3f} {r['static_s'] * 1e3:>10.3f} "
                   f"{r['ratio']:>10.3f} {'yes' if r['verified'] else 'NO':>3}  {pe}",
                   flush=True)
-        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        print(f"  geo-mean dyn/static {geo:.3f}, worst {max(ratios):.3f}", flush=True)
+        print(f"  {spread(ratios)}", flush=True)
     return rows
 
 
@@ -185,8 +190,7 @@ def tuned(trials: int, quick: bool = False, values=None, upper: int = 2048) -> l
                       f"{r['ratio']:>10.3f} {'yes' if r['verified'] else 'NO':>3} "
                       f"{r['static_tune_s']:>13.1f}", flush=True)
             ratios = [r["ratio"] for r in got]
-            geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-            print(f"  geo-mean family/static {geo:.3f}, worst {max(ratios):.3f}; tuning "
+            print(f"  {spread(ratios, 'family/static')}; tuning "
                   f"(lock waits excluded): family {fam_s:.0f} s for every value, static "
                   f"{sum(r['static_tune_s'] for r in got):.0f} s for {len(got)} values",
                   flush=True)

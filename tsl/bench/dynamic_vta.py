@@ -8,10 +8,9 @@ or not)."""
 
 from __future__ import annotations
 
-import math
 import time
 
-from .dynamic import QUICK_VALUES, VALUES
+from .dynamic import QUICK_VALUES, VALUES, spread
 
 MACHINE = "vta-1x16x16"
 SHAPES = ((768, 3072), (3072, 768), (768, 2304))
@@ -71,6 +70,5 @@ def main(quick: bool = False, upper: int = 2048) -> list[dict]:
                   f"{r['ratio']:>10.3f} {r['calls']:>5} "
                   f"{r['dynamic_bytes'] / 1e6:>8.1f} / {r['static_bytes'] / 1e6:<7.1f} "
                   f"{ok:>3}", flush=True)
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        print(f"  geo-mean dyn/static {geo:.3f}, worst {max(ratios):.3f}", flush=True)
+        print(f"  {spread(ratios)}", flush=True)
     return rows
