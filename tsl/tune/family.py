@@ -25,13 +25,13 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
-from ..dynamic.microkernel import MEASURED_NOISE
+# NOISE: a kernel beside a range's best only where it beats the best (and those beside it)
+# by more than this at one of its samples at least, the margin by which the build's split
+# moves a value off the range's first kernel
+from ..dynamic.microkernel import MEASURED_NOISE as NOISE
 from ..ops.sym import Sym
 from .keys import Key, knobs_key, machine_hash, schedule_hash, schedule_name, signature
 
-# A kernel beside a range's best only where it beats the best (and those beside it) by more
-# than this at one of its samples at least: a kernel timed again read a few percent apart
-NOISE = MEASURED_NOISE
 BESIDE = 2  # kernels beside the best: as many as an untuned build runs beside its top
 
 
@@ -111,9 +111,9 @@ def best_knobs(db, fam, machine, fn) -> dict[int, list[Measured]] | None:
             top = min(done, key=lambda m: m.total(pts))
             ks = [top] + beside(top, done, pts)
             # the untuned top first where measured: the build runs a value on another kernel
-            # only where its timings are more than NOISE below the first's
-            # (`microkernel.MEASURED_NOISE`); a best total 5% below it ran 1.05 of static
-            # at s = 128 (attention's (64, 128]), the untuned top 1.00-1.04 (lead46)
+            # only where its timings are more than NOISE below the first's; a best total 5%
+            # below it ran 1.05 of static at s = 128 (attention's (64, 128]), the untuned
+            # top 1.00-1.04 (lead46)
             untuned = [m for m in done if m.untuned]
             out[hi] = untuned[:1] + [m for m in ks if m not in untuned]
     return out or None
