@@ -90,6 +90,8 @@ def test_a_range_opens_with_the_untuned_kernels_and_a_symbol_in_two_axes_gets_in
     whose column blocks suit that value; where those knobs do not record at the range's
     top, they are measured, stored and built recorded at their own value, and the kernel
     runs every value of the range."""
+    from tsl.backends.cpu import host
+    from tsl.dynamic import _check as checker, symbolic_ladder
     from tsl.dynamic.shape import dims_of
     from tsl.record import record
     from tsl.schedules import default_schedule
@@ -97,15 +99,25 @@ def test_a_range_opens_with_the_untuned_kernels_and_a_symbol_in_two_axes_gets_in
 
     fam = tsl.ops.batch_matmul(1, sym("s", upper=24), sym("s", upper=24), 16, transpose_b=True)
     backend, m = tsl.backend.resolve_target("cpu")
-    fn = default_schedule(fam.name)
+    fn, axes = default_schedule(fam.name), dims_of(fam).axes
     db = Database(tmp_path / "t.jsonl")
-    run = _Search(fam, backend, m, fn, dims_of(fam).axes, db, 0)
+    run = _Search(fam, backend, m, fn, axes, db, 0)
     untuned = tsl.build(fam, "cpu")
     assert [k.knobs for k in untuned.kernels] == [
         dict(r.cands[i].knob_values) for r in run.ranges for i in r.opening]
-    assert max(len(r.opening) for r in run.ranges) > 1  # a second kernel opens too
     assert [i for _, i in run.picks(len(run.ranges), None)] == [r.opening[0]
                                                                for r in run.ranges]
+    # The host's file may plan one kernel per range here (x86-avx2's and x86-avx512's do);
+    # the Zen 4 file's plan (priced, not run) has a second kernel in (8, 16] and (16, 24]
+    zen4 = host.specialize(tsl.load_machine("x86-avx512-zen4"), host.info())
+    planned = _Search(fam, backend, zen4, fn, axes, None, 0)
+    per = microkernel.kernels(fam, zen4, fn, axes, symbolic_ladder(24), 24, None,
+                              checker(zen4))
+    assert [[k.knobs for k in ks] for ks in per] == [
+        [dict(r.cands[i].knob_values) for i in r.opening] for r in planned.ranges]
+    assert max(len(r.opening) for r in planned.ranges) > 1  # a second kernel opens too
+    assert [i for _, i in planned.picks(len(planned.ranges), None)] == [
+        r.opening[0] for r in planned.ranges]
 
     r, i = next((r, i) for r in run.ranges for i in r.at)
     knobs, at = dict(r.cands[i].knob_values), r.at[i]
@@ -183,8 +195,14 @@ def test_a_range_runs_a_second_candidate_where_its_timings_are_lower(tmp_path):
     art = tsl.build(fam, "cpu", schedule=mine, knobs=db)
     ran = {v: art.kernels[art.pieces(v)[0][0]].knobs for v in range(lo + 1, top + 1)}
     assert ran[top] == dict(best.knob_values) and ran[lo + 1] == small
-    assert {v for v, k in ran.items() if k == small} == {  # lower by more than the noise
-        v for v in ran if 6e-5 * padded(v, rows) * (1 + microkernel.MEASURED_NOISE) < 8e-4}
+    # the one of least total runs first: the other takes a value only where its timing is
+    # lower by more than the noise (2-row blocks, x86-avx2's file: the small block's total)
+    noise = 1 + microkernel.MEASURED_NOISE
+    if sum(6e-5 * padded(v, rows) for v in pts) < 8e-4 * len(pts):
+        want = {v for v in ran if not 8e-4 * noise < 6e-5 * padded(v, rows)}
+    else:
+        want = {v for v in ran if 6e-5 * padded(v, rows) * noise < 8e-4}
+    assert {v for v, k in ran.items() if k == small} == want
     for v in (lo + 1, 11, 13, top):
         ok, err = art.verify(seed=v, m=v)
         assert ok, (v, err)
